@@ -1,0 +1,1 @@
+"""accel-lint: rules that catch distributed-training bugs in Accelerate-style scripts."""

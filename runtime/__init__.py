@@ -1,0 +1,1 @@
+"""The bundled runtime: an Accelerate-compatible ``Accelerator`` and the ``accel-run`` launcher."""

@@ -1,0 +1,1 @@
+"""accel-run and notebook_launcher, built on torch.distributed's elastic agent."""

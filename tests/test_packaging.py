@@ -1,0 +1,42 @@
+"""The install layout the design card asks for: three folders under one ``accelify`` namespace."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"transform": "accelify.transform", "runtime": "accelify.runtime", "rules": "accelify.rules"}
+
+
+def _run(code: str, cwd: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip()
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join([FOLDERS[init.relative_to(ROOT).parts[0]], *init.relative_to(ROOT).parts[1:-1]])
+        for folder in FOLDERS
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert on_disk == listed
+
+
+def test_no_bare_top_level_modules_are_importable(tmp_path: Path) -> None:
+    code = "import importlib.util as u; print([n for n in ('transform','runtime','rules') if u.find_spec(n)])"
+    assert _run(code, tmp_path) == "[]"
+
+
+@pytest.mark.parametrize("module", ["accelify.transform.sources", "accelify.rules"])
+def test_converter_and_linter_never_import_torch(module: str, tmp_path: Path) -> None:
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    assert _run(code, tmp_path) == "False"

@@ -1,0 +1,143 @@
+"""Reading, finding and writing Python sources, shared by accel-convert and accel-lint.
+
+A source keeps the encoding it came in (PEP 263 cookie or BOM) so it can be written back byte for
+byte outside the edited spots; every failure is a :class:`SourceError` that prints as one
+``path:line: message`` line.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import tokenize
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+STDIN = "-"
+
+# Folders no one wants walked even outside a git checkout (hidden ones are always skipped).
+_SKIPPED_DIRS = frozenset(
+    {"__pycache__", "node_modules", "venv", "site-packages", "build", "dist", "__pypackages__"}
+)
+
+
+class SourceError(Exception):
+    """A file that cannot be read, decoded, parsed or written; ``str()`` is the one-line report."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path, self.line, self.message = path, line, message
+
+
+@dataclass(frozen=True)
+class Source:
+    """The decoded text of a file plus what is needed to write it back unchanged."""
+
+    path: str
+    text: str
+    encoding: str = "utf-8"
+
+    def encode(self, text: str) -> bytes:
+        return text.encode(self.encoding)
+
+
+def decode(path: str, data: bytes) -> Source:
+    """Decode ``data`` the way Python would import it; raise a one-line error otherwise."""
+    if b"\0" in data:
+        raise SourceError(path, 1, "binary file (contains NUL bytes), not Python source")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as err:
+        raise SourceError(path, getattr(err, "lineno", None) or 1, str(err.msg)) from None
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        byte = data[err.start : err.start + 1].hex()
+        raise SourceError(path, line, f"not valid {encoding} (byte 0x{byte})") from None
+    return Source(path, text, encoding)
+
+
+def read(path: str) -> Source:
+    """Read ``path`` (or standard input for ``-``)."""
+    if path == STDIN:
+        return decode("<stdin>", sys.stdin.buffer.read())
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SourceError(path, 0, "no such file") from None
+    except IsADirectoryError:
+        raise SourceError(path, 0, "is a directory") from None
+    except OSError as err:
+        raise SourceError(path, 0, err.strerror or str(err)) from None
+    return decode(path, data)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one rename, keeping its mode bits.
+
+    The bytes go to a temporary file in the same folder first, so a crash or a full disk never
+    leaves a half-written file behind.
+    """
+    target = Path(path)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def iter_paths(paths: Iterable[str], suffixes: tuple[str, ...] = (".py",)) -> Iterator[str]:
+    """Yield the files named in ``paths``, walking folders.
+
+    Files named directly are always yielded (so a missing one is reported, not skipped); inside
+    folders, hidden entries, well-known build/venv folders and git-ignored files are skipped.
+    """
+    for path in paths:
+        if path == STDIN or not Path(path).is_dir():
+            yield path
+            continue
+        found = sorted(_walk(Path(path), suffixes))
+        yield from (str(p) for p in _drop_git_ignored(Path(path), found))
+
+
+def _walk(root: Path, suffixes: tuple[str, ...]) -> Iterator[Path]:
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS]
+        for name in files:
+            if name.endswith(suffixes) and not name.startswith("."):
+                yield Path(folder) / name
+
+
+def _drop_git_ignored(root: Path, files: list[Path]) -> list[Path]:
+    """Ask git which of ``files`` it ignores; outside a checkout (or without git) keep them all."""
+    if not files:
+        return files
+    try:
+        result = subprocess.run(
+            ["git", "check-ignore", "--stdin", "-z"],
+            cwd=root,
+            input="\0".join(str(f.resolve()) for f in files),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:
+        return files
+    if result.returncode not in (0, 1):  # 128: not a git checkout
+        return files
+    ignored = {Path(p) for p in result.stdout.split("\0") if p}
+    return [f for f in files if f.resolve() not in ignored]

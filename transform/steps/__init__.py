@@ -1,0 +1,1 @@
+"""One module per conversion step; :mod:`accelify.transform.convert` runs them in order."""
