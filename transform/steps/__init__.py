@@ -1,1 +1,5 @@
-"""One module per conversion step; :mod:`accelify.transform.convert` runs them in order."""
+"""One module per conversion step; :mod:`accelify.transform.convert` runs them in this order."""
+
+from accelify.transform.plan import Step
+
+STEPS: list[Step] = []

@@ -1,0 +1,68 @@
+"""The driver: parse once, analyse once, let every step plan its edits, apply them, re-parse.
+
+Steps never edit the tree themselves. Each one reads the shared :class:`Analysis` of the *original*
+module and records edits keyed by original nodes, so line numbers in the report always refer to
+the file the user wrote, and steps cannot trip over each other's rewrites.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accelify.transform.analysis import analyse
+from accelify.transform.edits import apply
+from accelify.transform.plan import Note, Options, Plan
+from accelify.transform.sources import SourceError
+from accelify.transform.steps import STEPS
+
+__all__ = ["Note", "Options", "Result", "convert", "parse"]
+
+
+@dataclass(frozen=True)
+class Result:
+    code: str
+    notes: tuple[Note, ...] = field(default=())
+    original: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.code != self.original
+
+    @property
+    def manual(self) -> tuple[Note, ...]:
+        return tuple(n for n in self.notes if n.manual)
+
+
+def parse(source: str, path: str) -> cst.Module:
+    """Parse or raise a one-line :class:`SourceError` at the offending line."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as err:
+        # Python's own parser words syntax errors best; libcst's message is the fallback for the
+        # rare code CPython accepts and libcst does not.
+        try:
+            compile(source, path, "exec", ast.PyCF_ONLY_AST)
+        except SyntaxError as py_err:
+            raise SourceError(path, py_err.lineno or 1, f"syntax error: {py_err.msg}") from None
+        first = err.message.splitlines()[0] if err.message else "unsupported syntax"
+        raise SourceError(path, err.raw_line, f"cannot parse: {first}") from None
+
+
+def convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
+    """Convert one script's source text; raise :class:`SourceError` on input we cannot parse."""
+    module = parse(source, path)
+    plan = Plan(analyse(module), options or Options())
+    for step in STEPS:
+        step(plan)
+    code = apply(module, plan.edits).code
+    if code != source:
+        try:
+            cst.parse_module(code)
+        except cst.ParserSyntaxError as err:  # a bug in a step, never the user's fault
+            raise SourceError(
+                path, err.raw_line, "conversion produced invalid code; file left unchanged"
+            ) from None
+    return Result(code=code, notes=tuple(sorted(set(plan.notes))), original=source)

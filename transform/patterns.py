@@ -1,0 +1,107 @@
+"""The vocabulary shared by the converter and the linter: which calls build which training objects.
+
+Matching is by the last component of a dotted name (``torch.optim.AdamW`` and ``AdamW`` alike),
+because scripts import these names in every possible way and a wrong guess here only costs a
+missed conversion, never a wrong one: every step also checks how the name is used.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import libcst as cst
+
+
+class Role(str, Enum):
+    """What a name holds in a training script."""
+
+    MODEL = "model"
+    OPTIMIZER = "optimizer"
+    DATALOADER = "dataloader"
+    SCHEDULER = "scheduler"
+    SCALER = "scaler"
+    DEVICE = "device"
+    ACCELERATOR = "accelerator"
+
+
+OPTIMIZERS = frozenset(
+    {
+        "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Rprop", "NAdam",
+        "RAdam", "ASGD", "SparseAdam", "Adafactor", "Lion", "AdamW8bit", "Adam8bit", "Muon",
+    }
+)  # fmt: skip
+# LBFGS needs a closure; the converter refuses it, so it is a role of its own on purpose.
+CLOSURE_OPTIMIZERS = frozenset({"LBFGS"})
+SCHEDULERS = frozenset(
+    {
+        "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
+        "ExponentialLR", "PolynomialLR", "CosineAnnealingLR", "ChainedScheduler", "SequentialLR",
+        "ReduceLROnPlateau", "CyclicLR", "OneCycleLR", "CosineAnnealingWarmRestarts",
+        "get_scheduler", "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+        "get_constant_schedule", "get_constant_schedule_with_warmup",
+        "get_polynomial_decay_schedule_with_warmup",
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
+    }
+)  # fmt: skip
+DATALOADERS = frozenset({"DataLoader"})
+SCALERS = frozenset({"GradScaler"})
+ACCELERATORS = frozenset({"Accelerator"})
+# Calls whose result is a module: torch.nn layers/containers and pretrained-model factories.
+MODEL_FACTORIES = frozenset({"from_pretrained", "from_config", "Sequential", "ModuleList"})
+
+ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
+    **dict.fromkeys(OPTIMIZERS, Role.OPTIMIZER),
+    **dict.fromkeys(SCHEDULERS, Role.SCHEDULER),
+    **dict.fromkeys(DATALOADERS, Role.DATALOADER),
+    **dict.fromkeys(SCALERS, Role.SCALER),
+    **dict.fromkeys(ACCELERATORS, Role.ACCELERATOR),
+    **dict.fromkeys(MODEL_FACTORIES, Role.MODEL),
+}
+
+# Entry points that start worker processes; CUDA must not be initialised before them.
+PROCESS_LAUNCHERS = frozenset({"notebook_launcher", "spawn", "start_processes"})
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None (calls, subscripts, ...)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def callee_name(call: cst.Call) -> str | None:
+    """The last component of the called name: ``torch.optim.SGD(...)`` -> ``SGD``."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return None
+
+
+def constructor_role(value: cst.BaseExpression) -> Role | None:
+    """The role of the object a call builds, judged by the called name alone."""
+    if isinstance(value, cst.Call):
+        name = callee_name(value)
+        if name is not None:
+            return ROLE_OF_CONSTRUCTOR.get(name)
+    return None
+
+
+def method_call(node: cst.CSTNode, *methods: str) -> cst.Call | None:
+    """``node`` as a call of one of ``methods`` on some receiver (``x.to(...)``), else None."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in methods
+    ):
+        return node
+    return None
+
+
+def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    """The ``name=...`` argument of ``call``, if given."""
+    return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
