@@ -1,0 +1,77 @@
+"""The first code each accel-run worker runs: ``python bootstrap.py [-m] target args...``.
+
+It runs the user's script (or module) as ``__main__`` and, when it raises, writes the traceback to
+the error file torch's elastic agent gives each worker (``TORCHELASTIC_ERROR_FILE``, the format of
+``torch.distributed.elastic``'s ``@record``) instead of printing it, so the launcher can show the
+failing rank's traceback first rather than after every other rank's "peer closed" noise. It is run
+by path and imports only the standard library: the user's script decides when torch is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from types import TracebackType
+
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+_OWN_FRAMES = frozenset({__file__, runpy.__file__, "<frozen runpy>"})
+
+
+def main(argv: list[str]) -> None:
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as err:
+        if err.code not in (0, None):
+            _record(err)  # the time tells a rank that gave up from the ranks it took down
+        raise
+    except BaseException as err:
+        err.__traceback__ = _user_frames(err.__traceback__)
+        if not _record(err):
+            raise
+        sys.exit(1)
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop this file's and runpy's frames from the top: the user never wrote them."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FRAMES and tb.tb_next:
+        tb = tb.tb_next
+    return tb
+
+
+def _record(err: BaseException) -> bool:
+    """Write ``err`` where the agent looks for it; False when there is no such place."""
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return False
+    now = time.time()
+    data = {
+        "message": {
+            "message": f"{type(err).__name__}: {err}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(err)),
+                "timestamp": str(int(now)),
+                # Seconds are too coarse to tell the root cause from the ranks it took down.
+                "accelify_time": now,
+            },
+        }
+    }
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    return True
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

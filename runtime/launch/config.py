@@ -1,0 +1,317 @@
+"""accel-run settings: accelerate's YAML config schema, defaults, flags over file, children's env.
+
+Every setting is validated by one parser whether it comes from the YAML file or from a flag, so
+both give the same message. A later backend (DeepSpeed, FSDP) adds its ``*_config`` section to
+:data:`SECTIONS` and its name to :data:`DISTRIBUTED_TYPES`; nothing else here has to change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PORT = 29500
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+# The distributed types accel-run can launch; a later issue adds "FSDP" and "DEEPSPEED".
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
+
+
+class ConfigError(Exception):
+    """A bad setting or config file; ``str()`` is the one-line report (exit code 2)."""
+
+
+def default_config_path() -> Path:
+    """Where accelerate keeps its default config: ``$HF_HOME/accelerate/default_config.yaml``.
+
+    Same rule as ``accelerate.commands.config.config_args``: ``HF_HOME`` wins, else
+    ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``; so both tools share one file.
+    """
+    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    home = os.environ.get("HF_HOME", os.path.join(cache, "huggingface"))
+    return Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
+
+
+# --- value parsers: the same ones read YAML values and flag strings -------------------------------
+
+
+def _integer(value: object, minimum: int, what: str) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"[+-]?\d+", text) or int(text) < minimum:
+        raise ValueError(f"must be {what}, got {value!r}")
+    return int(text)
+
+
+def positive_int(value: object) -> int:
+    return _integer(value, 1, "a positive integer")
+
+
+def non_negative_int(value: object) -> int:
+    return _integer(value, 0, "an integer >= 0")
+
+
+def port(value: object) -> int:
+    number = _integer(value, 0, "a port number (0 picks a free one)")
+    if number > 65535:
+        raise ValueError(f"must be a port number (0 picks a free one), got {value!r}")
+    return number
+
+
+def positive_float(value: object) -> float:
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = -1.0
+    if isinstance(value, bool) or not number > 0:
+        raise ValueError(f"must be a positive number of seconds, got {value!r}")
+    return number
+
+
+def boolean(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0"):
+        return False
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def text(value: object) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return str(value).strip()
+
+
+def gpu_ids(value: object) -> str:
+    ids = str(value).replace(" ", "")
+    if ids != "all" and not re.fullmatch(r"\d+(,\d+)*", ids):
+        raise ValueError(f"must be 'all' or a comma-separated list like 0,1, got {value!r}")
+    return ids
+
+
+def choice(*allowed: str, lower: bool = False) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        picked = str(value).strip()
+        picked = picked.lower() if lower else picked.upper()
+        if picked not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {value!r}")
+        return picked
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a launch needs, after defaults, file and flags are merged."""
+
+    compute_environment: str = "LOCAL_MACHINE"
+    distributed_type: str | None = None  # None: derived from the process count and use_cpu
+    mixed_precision: str = "no"
+    use_cpu: bool = False
+    num_processes: int | None = None  # total over all machines, as in accelerate
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None  # None or 0: a free port (single machine only)
+    gpu_ids: str | None = None
+    rdzv_backend: str = "static"
+    same_network: bool = True
+    debug: bool = False
+    # Flag-only settings (accelerate's config file has no place for them).
+    gradient_accumulation_steps: int | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    # Backend sections (``deepspeed_config``, ``fsdp_config``) once a later issue registers them.
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def processes_per_machine(self) -> int:
+        return (self.num_processes or 1) // self.num_machines
+
+    @property
+    def resolved_distributed_type(self) -> str:
+        """NO/MULTI_CPU/MULTI_GPU follow the process count, as the flags may override the file."""
+        if self.distributed_type not in (None, "NO", "MULTI_CPU", "MULTI_GPU"):
+            return self.distributed_type
+        if (self.num_processes or 1) == 1:
+            return "NO"
+        return "MULTI_CPU" if self.use_cpu else "MULTI_GPU"
+
+
+PARSERS: dict[str, Callable[[object], Any]] = {
+    "compute_environment": choice("LOCAL_MACHINE"),
+    "distributed_type": choice(*DISTRIBUTED_TYPES),
+    "mixed_precision": choice(*MIXED_PRECISIONS, lower=True),
+    "use_cpu": boolean,
+    "num_processes": positive_int,
+    "num_machines": positive_int,
+    "machine_rank": non_negative_int,
+    "main_process_ip": text,
+    "main_process_port": port,
+    "gpu_ids": gpu_ids,
+    "rdzv_backend": choice("static", "c10d", lower=True),
+    "same_network": boolean,
+    "debug": boolean,
+    "gradient_accumulation_steps": positive_int,
+    "max_restarts": non_negative_int,
+    "monitor_interval": positive_float,
+}
+FILE_KEYS = frozenset(PARSERS) - {"gradient_accumulation_steps", "max_restarts", "monitor_interval"}
+# ``*_config`` sections: name -> parser of the nested mapping. Empty until a backend registers one.
+SECTIONS: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+# Keys accelerate writes into every config that only matter to features accel-run does not have;
+# accepted while they hold these values so an existing accelerate config keeps working.
+INERT_KEYS: dict[str, tuple[object, ...]] = {
+    "enable_cpu_affinity": (False,),
+    "downcast_bf16": ("no", False),
+    "main_training_function": ("main",),
+    "tpu_env": ([], None),
+    "tpu_use_cluster": (False,),
+    "tpu_use_sudo": (False,),
+    "dynamo_config": ({}, None),
+}
+
+
+def parse_value(key: str, value: object) -> Any:
+    """Validate one setting; ``ValueError`` says what is wrong without naming where."""
+    return PARSERS[key](value)
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """Read an accelerate YAML config; errors point at ``path:line``."""
+    try:
+        source = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}:0: no such config file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}:0: {err.strerror or err}") from None
+    try:
+        root = yaml.compose(source)
+    except yaml.YAMLError as err:
+        line = err.problem_mark.line + 1 if getattr(err, "problem_mark", None) else 1
+        raise ConfigError(
+            f"{path}:{line}: not valid YAML: {getattr(err, 'problem', err)}"
+        ) from None
+    if root is None:
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{path}:1: a config file must be a mapping of key: value")
+    values: dict[str, Any] = {}
+    for key_node, value_node in root.value:
+        key, line = key_node.value, key_node.start_mark.line + 1
+        value = yaml.safe_load(yaml.serialize(value_node))
+        try:
+            _take(values, key, value)
+        except ValueError as err:
+            raise ConfigError(f"{path}:{line}: {key}: {err}") from None
+    return values
+
+
+def _take(values: dict[str, Any], key: str, value: object) -> None:
+    if key in FILE_KEYS:
+        if value is not None:
+            values[key] = parse_value(key, value)
+    elif key in SECTIONS:
+        values.setdefault("sections", {})[key] = SECTIONS[key](value or {})
+    elif key in INERT_KEYS:
+        if value not in INERT_KEYS[key]:
+            raise ValueError(f"{value!r} is not supported by accel-run")
+    elif key.endswith("_config") and not value:
+        return  # an empty section of a backend we do not launch (accelerate writes `{}` ones)
+    else:
+        known = ", ".join(sorted(FILE_KEYS | set(SECTIONS)))
+        raise ValueError(f"unknown key (accel-run reads: {known})")
+
+
+def gpu_count() -> int:
+    """CUDA devices visible here (torch is imported only when a default needs it)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def load_settings(config_file: str | None, flags: Mapping[str, Any]) -> Settings:
+    """Defaults < config file (given, else accelerate's default one if present) < flags."""
+    path = Path(config_file) if config_file else default_config_path()
+    file_values = load_file(path) if config_file or path.is_file() else {}
+    return resolve(file_values, flags, gpu_count)
+
+
+def resolve(
+    file_values: Mapping[str, Any],
+    flag_values: Mapping[str, Any],
+    gpu_count: Callable[[], int],
+) -> Settings:
+    """Merge defaults < file < flags and check the combination; ``gpu_count`` is asked lazily."""
+    settings = Settings(**{**file_values, **flag_values})
+    if settings.distributed_type == "MULTI_CPU":
+        settings = replace(settings, use_cpu=True)
+    if settings.num_processes is None:
+        settings = replace(settings, num_processes=_default_processes(settings, gpu_count))
+    _check(settings)
+    return settings
+
+
+def _default_processes(settings: Settings, gpu_count: Callable[[], int]) -> int:
+    if settings.use_cpu:
+        return settings.num_machines
+    if settings.gpu_ids not in (None, "all"):
+        return len(settings.gpu_ids.split(",")) * settings.num_machines
+    return max(gpu_count(), 1) * settings.num_machines
+
+
+def _check(settings: Settings) -> None:
+    processes, machines = settings.num_processes or 1, settings.num_machines
+    if processes % machines:
+        raise ConfigError(
+            f"num_processes ({processes}) is the total over all machines and must be a multiple "
+            f"of num_machines ({machines})"
+        )
+    if settings.machine_rank >= machines:
+        raise ConfigError(
+            f"machine_rank ({settings.machine_rank}) must be below num_machines ({machines})"
+        )
+    if machines > 1 and not settings.main_process_ip:
+        raise ConfigError("several machines need --main-process-ip (the address of machine 0)")
+    if machines > 1 and settings.main_process_port == 0:
+        raise ConfigError("several machines need a fixed --main-process-port, not 0")
+
+
+def child_env(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``ACCELERATE_*`` (and device) variables HF Accelerate's launcher gives its children.
+
+    Names and spellings follow ``accelerate.utils.launch.prepare_multi_gpu_env``, so Trainer and
+    HF-Accelerate scripts behave the same under accel-run; ``accelify.runtime`` reads them too.
+    """
+    environ = os.environ if environ is None else environ
+    env = {
+        "ACCELERATE_MIXED_PRECISION": settings.mixed_precision,
+        "ACCELERATE_USE_CPU": str(settings.use_cpu),
+    }
+    if settings.debug:
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    if settings.gradient_accumulation_steps is not None:
+        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(settings.gradient_accumulation_steps)
+    if settings.gpu_ids not in (None, "all"):
+        env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
+    if "OMP_NUM_THREADS" not in environ:
+        # Like torchrun, do not let N processes each start one thread per core.
+        env["OMP_NUM_THREADS"] = str(
+            max(1, (os.cpu_count() or 1) // settings.processes_per_machine)
+        )
+    return env
+
+
+def to_file_dict(settings: Settings) -> dict[str, Any]:
+    """The settings as accelerate's YAML keys (what ``accel-run config`` writes)."""
+    values = asdict(settings)
+    values["distributed_type"] = settings.resolved_distributed_type
+    keep = [f.name for f in fields(Settings) if f.name in FILE_KEYS]
+    return {key: values[key] for key in keep if values[key] is not None}

@@ -1,0 +1,209 @@
+"""Configure torch's elastic agent for a launch, run it, and turn a failure into a short report.
+
+The agent (``torch.distributed.launcher.api``) starts, watches, stops and restarts the workers;
+this module only decides its settings and what the user sees when a worker dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accelify.runtime.launch.config import DEFAULT_PORT, ConfigError, Settings, child_env
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    from torch.distributed.launcher.api import LaunchConfig
+
+BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
+_ELASTIC_LOGGER = "torch.distributed.elastic"
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """What to print when workers failed, root cause first, and the exit code to leave with."""
+
+    text: str
+    exit_code: int
+
+
+def launch_config(settings: Settings, start_method: str, log_dir: str) -> LaunchConfig:
+    """The elastic agent's settings for ``settings`` (shared by accel-run and notebook_launcher)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    backend, endpoint, configs = _rendezvous(settings)
+    return LaunchConfig(
+        min_nodes=settings.num_machines,
+        max_nodes=settings.num_machines,
+        nproc_per_node=settings.processes_per_machine,
+        run_id="accelify" if settings.num_machines > 1 else uuid.uuid4().hex,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=configs,
+        max_restarts=settings.max_restarts,
+        monitor_interval=settings.monitor_interval,
+        start_method=start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
+
+
+def _rendezvous(settings: Settings) -> tuple[str, str, dict[str, Any]]:
+    """Pick the rendezvous: a fresh free port on one machine, else machine 0's address."""
+    port = settings.main_process_port
+    if settings.num_machines == 1 and not port:
+        # torchrun --standalone: the agent's store binds a free port itself, so there is no race.
+        return "c10d", "127.0.0.1:0", {}
+    port = port or DEFAULT_PORT
+    address = settings.main_process_ip or "127.0.0.1"
+    if settings.machine_rank == 0:
+        _check_port_free(port)
+    if settings.rdzv_backend == "static":
+        return "static", f"{address}:{port}", {"rank": settings.machine_rank}
+    return settings.rdzv_backend, f"{address}:{port}", {}
+
+
+def _check_port_free(port: int) -> None:
+    """A busy port is a usage error (exit 2) before any worker starts, not a hang or a traceback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            raise ConfigError(_port_busy(port)) from None
+
+
+def _port_busy(port: int) -> str:
+    return (
+        f"--main-process-port {port} is already in use; pick another port, or pass 0 (or leave it "
+        "out) on a single machine to get a free one"
+    )
+
+
+@contextlib.contextmanager
+def patched_environ(env: Mapping[str, str]) -> Iterator[None]:
+    """Set ``env`` for the workers the agent starts (they inherit it), then put it back."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def quiet_agent(debug: bool) -> Iterator[None]:
+    """Keep the agent's own log lines (restarts, SIGTERMs, failure boxes) out of the user's way."""
+    logger = logging.getLogger(_ELASTIC_LOGGER)
+    level = logger.level
+    if not debug:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def run_elastic(
+    settings: Settings, entrypoint: Callable[..., Any] | str, args: list[Any], start_method: str
+) -> FailureReport | None:
+    """Run the workers under the elastic agent; ``None`` when all succeeded.
+
+    Every failure the agent reports (a worker that raised, exited non-zero or was killed; the agent
+    stops the others itself) comes back as a :class:`FailureReport`; a busy rendezvous port as a
+    :class:`ConfigError`.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    with (
+        tempfile.TemporaryDirectory(prefix="accel-run-") as log_dir,
+        patched_environ(child_env(settings)),
+        quiet_agent(settings.debug),
+    ):
+        config = launch_config(settings, start_method, log_dir)
+        try:
+            elastic_launch(config, entrypoint)(*args)
+        except ChildFailedError as err:
+            return describe_failures(err.failures)
+        except SignalException as err:
+            sig = signal.Signals(err.sigval)
+            return FailureReport(f"accel-run: stopped by {sig.name}", 128 + sig.value)
+        except Exception as err:  # the rendezvous store could not bind
+            if settings.main_process_port and "EADDRINUSE" in str(err) + repr(err.__cause__):
+                raise ConfigError(_port_busy(settings.main_process_port)) from None
+            raise
+    return None
+
+
+def describe_failures(failures: Mapping[int, ProcessFailure]) -> FailureReport:
+    """Root cause first, with its traceback; then one line for each rank it took down.
+
+    When one rank dies the others fail too, a moment later ("connection closed by peer"), or are
+    stopped by the agent with SIGTERM; :func:`_root_cause_key` orders them back.
+    """
+    ordered = sorted(failures.items(), key=lambda item: _root_cause_key(*item))
+    rank, first = ordered[0]
+    lines = [f"accel-run: rank {rank} failed first ({_how(first)}):"]
+    lines.append(_traceback(first) or f"  {_summary(first)}")
+    lines.extend(
+        f"accel-run: rank {other} also failed ({_how(failure)}): {_summary(failure)}"
+        for other, failure in ordered[1:]
+    )
+    code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+    return FailureReport("\n".join(line.rstrip("\n") for line in lines), code)
+
+
+_STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)  # what the agent (or Ctrl-C) stops workers with
+
+
+def _root_cause_key(rank: int, failure: ProcessFailure) -> tuple[int, float, int]:
+    """Killed from outside (OOM, segfault) < raised, earliest first < exited < stopped."""
+    extra = _extra(failure)
+    if extra:
+        tier = 1
+    elif failure.exitcode < 0:
+        tier = 3 if failure.exitcode in _STOP_SIGNALS else 0
+    else:
+        tier = 2
+    return (tier, float(extra.get("accelify_time", failure.timestamp)), rank)
+
+
+def _extra(failure: ProcessFailure) -> Mapping[str, Any]:
+    message = failure.error_file_data.get("message")
+    return message.get("extraInfo", {}) if isinstance(message, dict) else {}
+
+
+def _traceback(failure: ProcessFailure) -> str:
+    return str(_extra(failure).get("py_callstack", ""))
+
+
+def _summary(failure: ProcessFailure) -> str:
+    message = failure.error_file_data.get("message")
+    if isinstance(message, dict):
+        return str(message.get("message", "")).splitlines()[0]
+    if failure.exitcode < 0:
+        return "no traceback: killed from outside (out of memory? a crash in native code?)"
+    return "no traceback: the process exited without raising (os._exit?)"
+
+
+def _how(failure: ProcessFailure) -> str:
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}, pid {failure.pid}"
+    return f"exit code {failure.exitcode}, pid {failure.pid}"
