@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STDIN = "-"
+STDIN_NAME = "<stdin>"  # the path reports give standard input
 
 # Folders no one wants walked even outside a git checkout (hidden ones are always skipped).
 _SKIPPED_DIRS = frozenset(
@@ -32,6 +33,10 @@ class SourceError(Exception):
     def __init__(self, path: str, line: int, message: str) -> None:
         super().__init__(f"{path}:{line}: {message}")
         self.path, self.line, self.message = path, line, message
+
+    def __reduce__(self) -> tuple[type[SourceError], tuple[str, int, str]]:
+        # Worker processes send errors back pickled; the default would call __init__ with one arg.
+        return SourceError, (self.path, self.line, self.message)
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ def decode(path: str, data: bytes) -> Source:
 def read(path: str) -> Source:
     """Read ``path`` (or standard input for ``-``)."""
     if path == STDIN:
-        return decode("<stdin>", sys.stdin.buffer.read())
+        return decode(STDIN_NAME, sys.stdin.buffer.read())
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -82,22 +87,28 @@ def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` in one rename, keeping its mode bits.
 
     The bytes go to a temporary file in the same folder first, so a crash or a full disk never
-    leaves a half-written file behind.
+    leaves a half-written file behind. A new file gets the mode ``open()`` would give it, not the
+    temporary file's private 0600.
     """
     target = Path(path)
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else _new_file_mode()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _new_file_mode() -> int:
+    umask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def iter_paths(paths: Iterable[str], suffixes: tuple[str, ...] = (".py",)) -> Iterator[str]:
