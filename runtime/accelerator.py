@@ -1,0 +1,448 @@
+"""``Accelerator``: HF Accelerate's public API as a thin front over separate pieces.
+
+Process state (``state.py``), the distribution backend (``strategies/``), mixed precision
+(``precision.py``), data loading (``data.py``), stepping (``optim.py``), collectives (``ops.py``)
+and checkpoints (``checkpoint.py``) each live in their own module; this class only routes calls.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import gc
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
+
+from . import checkpoint, config, data, ops, precision, state, strategies
+from .optim import PreparedOptimizer, PreparedScheduler
+from .state import DistributedType, ProcessState, StepState
+
+
+class Accelerator:
+    """Prepare a training loop's objects and run it on one or many processes."""
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = False,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        *,
+        even_batches: bool = True,
+        project_dir: str | None = None,
+        project_config: config.ProjectConfiguration | None = None,
+        step_scheduler_with_optimizer: bool = True,
+    ) -> None:
+        self.state: ProcessState = state.process_state(config.use_cpu(cpu))
+        self.mixed_precision = config.mixed_precision(mixed_precision)
+        self.gradient_accumulation_steps = config.accumulation_steps(gradient_accumulation_steps)
+        self.device_placement = device_placement
+        self.split_batches, self.even_batches = split_batches, even_batches
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.project_configuration = project_config or config.ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        self.strategy = strategies.select(self.state)
+        self.precision = precision.select(self.mixed_precision, self.state.device)
+        self.step = 0
+        self._shared = StepState()
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[data.PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+
+    # -- process facts -------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.process_index == self.state.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self._shared.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self._shared.sync_gradients = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last step of any prepared optimizer was skipped (fp16 inf/nan)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return getattr(self.precision, "scaler", None)
+
+    # -- prepare -------------------------------------------------------------------------------
+
+    def prepare(self, *args: Any, device_placement: Sequence[bool] | None = None) -> Any:
+        """Wrap models, optimizers, data loaders and schedulers; return them in the same order.
+
+        Anything else passes through unchanged. Schedulers are prepared last so they can find
+        their (prepared) optimizer.
+        """
+        placement = list(device_placement or [self.device_placement] * len(args))
+        if len(placement) != len(args):
+            raise ValueError("device_placement needs one entry per object passed to prepare()")
+        result = list(args)
+        for i, obj in enumerate(args):
+            if not isinstance(obj, LRScheduler):
+                result[i] = self._prepare_one(obj, placement[i])
+        for i, obj in enumerate(args):
+            if isinstance(obj, LRScheduler):
+                result[i] = self._prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, PreparedOptimizer | data.PreparedDataLoader):
+            return obj
+        if isinstance(obj, torch.optim.Optimizer):
+            prepared = PreparedOptimizer(obj, self._shared, self.precision)
+            self._optimizers.append(prepared)
+            return prepared
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        return obj
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None
+    ) -> torch.nn.Module:
+        if any(model is seen for seen in self._models):
+            return model
+        if _default(device_placement, self.device_placement):
+            model.to(self.device)
+        self.precision.wrap_forward(model)
+        wrapped = self.strategy.wrap_model(model)
+        self._models.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self, loader: DataLoader, device_placement: bool | None = None
+    ) -> data.PreparedDataLoader:
+        prepared = data.prepare_loader(
+            loader,
+            self.state,
+            self._shared,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            device_placement=_default(device_placement, self.device_placement),
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def _prepare_scheduler(self, scheduler: LRScheduler) -> PreparedScheduler:
+        owner = scheduler.optimizer
+        optimizers = [o for o in self._optimizers if owner is o or owner is o.optimizer]
+        prepared = PreparedScheduler(
+            scheduler,
+            optimizers,
+            self._shared,
+            num_processes=self.num_processes,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(prepared)
+        return prepared
+
+    # -- the training step ---------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` with accumulation scaling (1/N) and fp16 loss scaling."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        self.precision.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Count a step; skip gradient sync unless it is every N-th or the loader's last."""
+        self._do_sync()
+        if self._shared.sync_gradients or not self.state.use_distributed:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for model in models:
+                stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    def _do_sync(self) -> None:
+        shared = self._shared
+        if shared.end_of_dataloader:
+            self.step = 0
+            shared.sync_gradients = True
+        else:
+            self.step += 1
+            shared.sync_gradients = self.step % self.gradient_accumulation_steps == 0
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Run forward and backward without the gradient all-reduce (accumulate locally)."""
+        return self.strategy.no_sync(model)
+
+    def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager:
+        """The mixed-precision autocast context (a no-op without mixed precision)."""
+        return self.precision.autocast(**kwargs)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        targets = self._optimizers if optimizer is None else _as_list(optimizer)
+        for prepared in targets:
+            self.precision.unscale(getattr(prepared, "optimizer", prepared))
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
+        """Clip the gradients' total norm (unscaled first under fp16); return that norm."""
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, then drop the samples ``even_batches`` repeated in the loader's last round."""
+        use_gather_object = use_gather_object or not ops.only_tensors(input_data)
+        gathered = ops.gather_object(input_data) if use_gather_object else ops.gather(input_data)
+        remainder = self._shared.remainder
+        if not self._shared.end_of_dataloader or remainder <= 0:
+            return gathered
+        if use_gather_object:
+            return gathered[:remainder]
+        return ops.apply(lambda tensor: tensor[:remainder], gathered)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return ops.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        return ops.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    # -- process coordination ------------------------------------------------------------------
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            builtins.print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        self.strategy.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Let the main process run the block (e.g. download, cache) before the others."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: Callable) -> Callable:
+        """Decorator: run ``function`` on the main process only (others get ``None``)."""
+        return self._only_if(self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return self._only_if(self.is_local_main_process, function)
+
+    @staticmethod
+    def _only_if(condition: bool, function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition else None
+
+        return wrapper
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's contiguous share of ``inputs`` (list, tuple, dict or tensor)."""
+        yield ops.split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # -- models and checkpoints ----------------------------------------------------------------
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True
+    ) -> torch.nn.Module:
+        """The user's module without DDP/compile wrappers (and, if asked, without autocast)."""
+        model = self.strategy.unwrap_model(model)
+        if not keep_fp32_wrapper:
+            original = model.__dict__.pop("_accelify_original_forward", None)
+            if original is not None:
+                model.forward = original  # type: ignore[method-assign]
+        return model
+
+    def save(self, obj: Any, f: str | Path, safe_serialization: bool = False) -> None:
+        """Save ``obj`` from the main process only."""
+        if self.is_main_process:
+            checkpoint.save(obj, f, safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | Path,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save the unwrapped weights (safetensors, sharded above ``max_shard_size``)."""
+        weights = self.strategy.model_state_dict(model)
+        if self.is_main_process:
+            checkpoint.save_model(weights, save_directory, max_shard_size, safe_serialization)
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return self.strategy.model_state_dict(model)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Add objects with ``state_dict``/``load_state_dict`` to what ``save_state`` saves."""
+        bad = [repr(o) for o in objects if not _has_state(o)]
+        if bad:
+            raise ValueError(f"cannot checkpoint objects without state_dict/load_state_dict: {bad}")
+        self._custom_objects.extend(objects)
+
+    def _parts(self) -> checkpoint.Parts:
+        return checkpoint.Parts(
+            self._models,
+            self._optimizers,
+            self._schedulers,
+            self._dataloaders,
+            self._custom_objects,
+            self.precision,
+            self.strategy,
+        )
+
+    def _checkpoints_root(self) -> Path:
+        if self.project_dir is None:
+            raise ValueError("automatic_checkpoint_naming needs a project_dir")
+        return Path(self.project_dir) / "checkpoints"
+
+    def save_state(self, output_dir: str | Path | None = None) -> str:
+        """Save everything needed to resume training; return the checkpoint folder.
+
+        With automatic naming the folder is ``<project_dir>/checkpoints/checkpoint_<N>`` and only
+        the newest ``total_limit`` are kept (older ones are removed after the new one is safe).
+        """
+        project = self.project_configuration
+        if project.automatic_checkpoint_naming:
+            target = self._checkpoints_root() / f"checkpoint_{project.iteration}"
+            if target.exists():
+                raise ValueError(f"{target}: checkpoint already exists; raise save_iteration")
+        elif output_dir is None:
+            raise ValueError("save_state needs output_dir unless automatic_checkpoint_naming")
+        else:
+            target = Path(output_dir)
+        meta = {"next_iteration": project.iteration + 1, "step": self.step}
+        checkpoint.save_state(target, self._parts(), meta | {"num_processes": self.num_processes})
+        project.iteration += 1
+        if project.automatic_checkpoint_naming and self.is_main_process:
+            checkpoint.rotate(target.parent, project.total_limit)
+        return str(target)
+
+    def load_state(self, input_dir: str | Path | None = None) -> None:
+        """Restore a ``save_state`` checkpoint; ``None`` resumes the latest automatic one."""
+        project = self.project_configuration
+        if input_dir is None:
+            if not project.automatic_checkpoint_naming:
+                raise ValueError("load_state needs input_dir unless automatic_checkpoint_naming")
+            found = checkpoint.numbered_checkpoints(self._checkpoints_root())
+            if not found:
+                raise FileNotFoundError(f"{self._checkpoints_root()}: no checkpoint to resume")
+            input_dir = found[-1][1]
+        meta = checkpoint.load_state(input_dir, self._parts())
+        project.iteration = int(meta["next_iteration"])
+        self.step = int(meta["step"])
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        return data.skip_first_batches(dataloader, num_batches)
+
+    def end_training(self) -> None:
+        """Tear down the process group; a new ``Accelerator`` may be created afterwards."""
+        self.wait_for_everyone()
+        state.reset()
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop references to everything prepared and release cached device memory."""
+        self._models, self._optimizers, self._schedulers = [], [], []
+        self._dataloaders = []
+        self.step = 0
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+
+def _has_state(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _default(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else [value]

@@ -1,0 +1,319 @@
+"""Writing and reading weights and full training states.
+
+Every file is written to a temporary name and renamed into place, and ``save_state`` builds the
+whole checkpoint in a hidden ``.<name>.partial`` folder before renaming it, so a crash while saving
+never damages the previous checkpoint. Loading uses safetensors or
+``torch.load(weights_only=True)`` only, and every restore error is raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import rng
+from .precision import Precision
+from .strategies import Strategy
+
+SAFE_WEIGHTS = "model.safetensors"
+TORCH_WEIGHTS = "pytorch_model.bin"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+_CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
+META = "accelify_state.json"
+
+
+def parse_size(size: int | str) -> int:
+    """``10GB`` -> 10**9 bytes, ``1GiB`` -> 2**30 (HF's units); ints are bytes already."""
+    if isinstance(size, int):
+        return size
+    match = _SIZE.match(size)
+    if not match:
+        raise ValueError(f"max_shard_size {size!r} is not a size such as '500MB' or '2GiB'")
+    return int(float(match[1]) * _UNITS[(match[2] or "B").upper()])
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[str]:
+    """Yield a temporary name next to ``path``; rename it to ``path`` if the block succeeds."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors for a flat dict of tensors), written atomically."""
+    path = Path(f)
+    with _atomic(path) as tmp:
+        if safe_serialization:
+            _save_safetensors(obj, tmp)
+        else:
+            torch.save(obj, tmp)
+
+
+def _save_safetensors(state_dict: dict[str, torch.Tensor], path: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file(_untie(state_dict), path, metadata={"format": "pt"})
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple:
+    return (tensor.device, tensor.untyped_storage().data_ptr())
+
+
+def _untie(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop names that alias an earlier tensor (tied weights); copy other shared storage.
+
+    safetensors refuses tensors that share memory; loading restores the aliases by tying.
+    """
+    seen: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, value in state_dict.items():
+        tensor = value.detach()
+        first = seen.setdefault(_storage_key(tensor), tensor)
+        if first is tensor:
+            out[name] = tensor.contiguous()
+        elif first.storage_offset() != tensor.storage_offset() or first.shape != tensor.shape:
+            out[name] = tensor.clone()
+    return out
+
+
+def save_model(
+    state_dict: dict[str, torch.Tensor],
+    directory: str | os.PathLike,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> None:
+    """Write weights as one file, or as shards plus an index above ``max_shard_size``."""
+    folder = Path(directory)
+    if folder.is_file():
+        raise ValueError(f"{folder}: is a file, save_model needs a directory")
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = SAFE_WEIGHTS if safe_serialization else TORCH_WEIGHTS
+    state_dict = _untie(state_dict) if safe_serialization else state_dict
+    shards = _shard(state_dict, parse_size(max_shard_size))
+    stem, suffix = weights.rsplit(".", 1)
+    names = (
+        [weights]
+        if len(shards) == 1
+        else [f"{stem}-{i:05d}-of-{len(shards):05d}.{suffix}" for i in range(1, len(shards) + 1)]
+    )
+    _remove_stale(folder, stem, suffix, keep=set(names))
+    for name, shard in zip(names, shards, strict=True):
+        save(shard, folder / name, safe_serialization)
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(_nbytes(t) for t in state_dict.values())},
+            "weight_map": {
+                key: name for name, shard in zip(names, shards, strict=True) for key in shard
+            },
+        }
+        with _atomic(folder / f"{weights}.index.json") as tmp:
+            Path(tmp).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _shard(state_dict: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+    """Greedy, in order: start a new shard when the next tensor would overflow this one."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state_dict.items():
+        if shards[-1] and size + _nbytes(tensor) > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += _nbytes(tensor)
+    return shards
+
+
+def _remove_stale(folder: Path, stem: str, suffix: str, keep: set[str]) -> None:
+    """Delete an earlier save's shards and index that this save does not overwrite."""
+    stale = re.compile(rf"^{re.escape(stem)}(-\d{{5}}-of-\d{{5}})?\.{suffix}(\.index\.json)?$")
+    for path in folder.iterdir():
+        if stale.match(path.name) and path.name not in keep and path.is_file():
+            path.unlink()
+
+
+def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a weights file, an index file, or a folder holding either (sharded or not)."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        for name in (f"{SAFE_WEIGHTS}.index.json", SAFE_WEIGHTS, f"{TORCH_WEIGHTS}.index.json"):
+            if (path / name).is_file():
+                return load_weights(path / name)
+        if (path / TORCH_WEIGHTS).is_file():
+            return load_weights(path / TORCH_WEIGHTS)
+        raise FileNotFoundError(f"{path}: no model weights found in this folder")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    if path.name.endswith(".index.json"):
+        files = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        return {k: v for name in files for k, v in load_weights(path.parent / name).items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_checkpoint_in_model(
+    model: torch.nn.Module, checkpoint: str | os.PathLike, strict: bool = False
+) -> None:
+    """Load weights saved by ``save_model``/``save_state`` into ``model``.
+
+    Names left out because they alias another weight (tied weights) are not missing. With
+    ``strict`` any other missing or unexpected name is an error, otherwise a warning.
+    """
+    state_dict = load_weights(checkpoint)
+    result = model.load_state_dict(state_dict, strict=False)
+    missing = _really_missing(model, set(result.missing_keys), set(state_dict))
+    if missing or result.unexpected_keys:
+        message = (
+            f"{checkpoint}: weights do not match the model "
+            f"(missing: {sorted(missing)[:5]}, unexpected: {sorted(result.unexpected_keys)[:5]})"
+        )
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message, stacklevel=2)
+
+
+def _really_missing(model: torch.nn.Module, missing: set[str], loaded: set[str]) -> set[str]:
+    groups: dict[tuple, set[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(_storage_key(tensor), set()).add(name)
+    aliased = {name for names in groups.values() if names & loaded for name in names}
+    return missing - aliased
+
+
+@dataclass
+class Parts:
+    """Everything ``save_state`` writes, in the order it was prepared."""
+
+    models: list[torch.nn.Module]
+    optimizers: list[Any]
+    schedulers: list[Any]
+    dataloaders: list[Any]
+    custom: list[Any]
+    precision: Precision
+    strategy: Strategy
+
+
+def _name(kind: str, index: int, suffix: str) -> str:
+    return f"{kind}{'' if index == 0 else f'_{index}'}{suffix}"
+
+
+def save_state(directory: str | os.PathLike, parts: Parts, meta: dict[str, Any]) -> Path:
+    """Write a full training state; every process calls this (each saves its RNG state)."""
+    final = Path(directory)
+    partial = final.parent / f".{final.name}.partial"
+    state, strategy = parts.strategy.state, parts.strategy
+    if state.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    strategy.barrier()
+    weights = [strategy.model_state_dict(model) for model in parts.models]
+    if state.is_main_process:
+        for i, state_dict in enumerate(weights):
+            save(state_dict, partial / _name("model", i, ".safetensors"), safe_serialization=True)
+        for kind, objects in (
+            ("optimizer", parts.optimizers),
+            ("scheduler", parts.schedulers),
+            ("dataloader", parts.dataloaders),
+        ):
+            for i, obj in enumerate(objects):
+                save(obj.state_dict(), partial / _name(kind, i, ".bin"))
+        scaler = parts.precision.state_dict()
+        if scaler is not None:
+            save(scaler, partial / "scaler.pt")
+        for i, obj in enumerate(parts.custom):
+            save(obj.state_dict(), partial / f"custom_checkpoint_{i}.pkl")
+        (partial / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    save(rng.capture(), partial / f"random_states_{state.process_index}.pkl")
+    strategy.barrier()
+    if state.is_main_process:
+        _swap_in(partial, final)
+    strategy.barrier()
+    return final
+
+
+def _swap_in(partial: Path, final: Path) -> None:
+    """Rename the finished checkpoint into place, replacing an older one of the same name."""
+    if final.exists():
+        old = final.parent / f".{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        partial.rename(final)
+        shutil.rmtree(old)
+    else:
+        partial.rename(final)
+
+
+def _load(path: Path) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing from the checkpoint")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
+    """Restore what :func:`save_state` wrote into ``parts``; return the saved metadata."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such checkpoint folder")
+    meta_path = folder / META
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: missing, not a checkpoint written by save_state")
+    for i, model in enumerate(parts.models):
+        weights = folder / _name("model", i, ".safetensors")
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights}: missing from the checkpoint")
+        load_checkpoint_in_model(parts.strategy.unwrap_model(model), weights, strict=True)
+    for kind, objects in (
+        ("optimizer", parts.optimizers),
+        ("scheduler", parts.schedulers),
+        ("dataloader", parts.dataloaders),
+    ):
+        for i, obj in enumerate(objects):
+            obj.load_state_dict(_load(folder / _name(kind, i, ".bin")))
+    if parts.precision.state_dict() is not None:
+        parts.precision.load_state_dict(_load(folder / "scaler.pt"))
+    for i, obj in enumerate(parts.custom):
+        obj.load_state_dict(_load(folder / f"custom_checkpoint_{i}.pkl"))
+    rng.restore(_load(folder / f"random_states_{parts.strategy.state.process_index}.pkl"))
+    return json.loads(meta_path.read_text())
+
+
+def numbered_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """``checkpoint_N`` folders under ``folder``, oldest first (partial ones are hidden)."""
+    if not folder.is_dir():
+        return []
+    found = ((_CHECKPOINT.match(p.name), p) for p in folder.iterdir() if p.is_dir())
+    return sorted((int(m[1]), p) for m, p in found if m)
+
+
+def rotate(folder: Path, total_limit: int | None) -> None:
+    """Keep the newest ``total_limit`` checkpoints (run after a save succeeded)."""
+    if total_limit is None:
+        return
+    existing = numbered_checkpoints(folder)
+    for _, path in existing[: max(0, len(existing) - total_limit)]:
+        shutil.rmtree(path)

@@ -1,0 +1,240 @@
+"""Prepared data loaders: sharding, device placement and end-of-epoch tracking.
+
+A prepared loader iterates one batch ahead so that, while the last batch is being used, the
+shared :class:`~.state.StepState` already says ``end_of_dataloader`` (gradient accumulation syncs
+there and ``gather_for_metrics`` trims the padding). It also remembers where the sampler's random
+generator stood when the epoch began, which is what a checkpoint needs to replay the epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import ops
+from .sharding import IterableDatasetShard, ShardedBatchSampler, SkipBatchSampler
+from .state import ProcessState, StepState
+
+# DataLoader arguments carried over to the rebuilt loader (those that exist in this torch).
+_LOADER_ARGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Move every tensor in a batch (nested in any container) to ``device``."""
+    return ops.apply(lambda tensor: tensor.to(device, non_blocking=non_blocking), data)
+
+
+class _Position:
+    """Epoch counter and the sampler generator's state at the start of the running epoch."""
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator = generator
+        self.iteration = 0
+        self.epoch_start: torch.Tensor | None = None  # set while an epoch is running
+
+    def state_dict(self) -> dict[str, Any]:
+        running = self.epoch_start is not None
+        rng = self.epoch_start if running else self._current()
+        return {"iteration": self.iteration, "generator": rng}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration = int(state["iteration"])
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError("checkpointed data loader and this one differ in sampler randomness")
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
+
+    def _current(self) -> torch.Tensor | None:
+        return None if self.generator is None else self.generator.get_state()
+
+
+class PreparedDataLoader(DataLoader):
+    """A ``DataLoader`` over this process's batches, placing them on the device."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_sampler: Any,
+        device: torch.device | None,
+        step_state: StepState,
+        position: _Position,
+        remainder: int,
+        total_batch_size: int | None,
+        loader_args: dict[str, Any],
+    ) -> None:
+        if batch_sampler is None:  # iterable dataset: batching stays with DataLoader
+            super().__init__(dataset, **loader_args)
+        else:
+            super().__init__(dataset, batch_sampler=batch_sampler, **loader_args)
+        self.device = device
+        self.remainder = remainder
+        self.total_batch_size = total_batch_size
+        self.end_of_dataloader = False
+        self._step_state = step_state
+        self._position = position
+        self._loader_args = loader_args
+
+    @property
+    def iteration(self) -> int:
+        return self._position.iteration
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwarded to the sampler and dataset; epoch-seeded samplers reshuffle from it."""
+        self._position.iteration = epoch
+        for owner in (getattr(self.batch_sampler, "sampler", None), self.dataset):
+            if hasattr(owner, "set_epoch"):
+                owner.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._position.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._position.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        position, shared = self._position, self._step_state
+        if position.generator is not None:
+            position.epoch_start = position.generator.get_state()
+        self.set_epoch(position.iteration)
+        self.end_of_dataloader = False
+        shared.active_loaders.append(self)
+        shared.end_of_dataloader, shared.remainder = False, self.remainder
+        try:
+            yield from self._batches(super().__iter__())
+            position.iteration += 1
+        finally:
+            position.epoch_start = None
+            shared.active_loaders.remove(self)
+            outer = shared.active_loaders[-1] if shared.active_loaders else None
+            shared.end_of_dataloader = outer is not None and outer.end_of_dataloader
+            shared.remainder = outer.remainder if outer is not None else -1
+
+    def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        device = self.device
+        try:
+            current = next(batches)
+        except StopIteration:
+            return
+        for upcoming in batches:
+            yield current if device is None else send_to_device(current, device)
+            current = upcoming
+        self.end_of_dataloader = self._step_state.end_of_dataloader = True
+        yield current if device is None else send_to_device(current, device)
+
+    def skipping(self, num_batches: int) -> PreparedDataLoader:
+        """The same loader without its first ``num_batches`` batches (sharing the position)."""
+        if self.batch_sampler is None or isinstance(self.dataset, IterableDataset):
+            raise ValueError("skip_first_batches needs a map-style dataset with a batch sampler")
+        return PreparedDataLoader(
+            self.dataset,
+            batch_sampler=SkipBatchSampler(self.batch_sampler, num_batches),
+            device=self.device,
+            step_state=self._step_state,
+            position=self._position,
+            remainder=self.remainder,
+            total_batch_size=self.total_batch_size,
+            loader_args=self._loader_args,
+        )
+
+
+def prepare_loader(
+    loader: DataLoader,
+    state: ProcessState,
+    step_state: StepState,
+    *,
+    split_batches: bool,
+    even_batches: bool,
+    device_placement: bool = True,
+) -> PreparedDataLoader:
+    """Rebuild ``loader`` over this process's share of the batches."""
+    args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    n, rank = state.num_processes, state.process_index
+    dataset, batch_sampler = loader.dataset, loader.batch_sampler
+    batch_size = getattr(batch_sampler, "batch_size", None) or loader.batch_size
+    if isinstance(dataset, IterableDataset):
+        batch_sampler = None
+        if n > 1:
+            if loader.batch_size is None:
+                raise ValueError("cannot shard an IterableDataset loader with batch_size=None")
+            dataset = IterableDatasetShard(
+                dataset,
+                loader.batch_size,
+                num_processes=n,
+                process_index=rank,
+                split_batches=split_batches,
+                drop_last=loader.drop_last,
+            )
+        size = loader.batch_size // n if split_batches and n > 1 else loader.batch_size
+        args.update(batch_size=size, drop_last=loader.drop_last)
+    elif batch_sampler is None:
+        if n > 1:
+            raise ValueError("cannot shard a DataLoader with batch_size=None across processes")
+        args.update(sampler=loader.sampler, batch_size=None)
+    elif n > 1:
+        _share_sampler_generator(batch_sampler, state.device)
+        batch_sampler = ShardedBatchSampler(batch_sampler, n, rank, split_batches, even_batches)
+    total = None if batch_size is None else batch_size * (1 if split_batches else n)
+    return PreparedDataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        device=state.device if device_placement and state.device.type != "cpu" else None,
+        step_state=step_state,
+        position=_Position(getattr(getattr(batch_sampler, "sampler", None), "generator", None)),
+        remainder=_remainder(loader, total),
+        total_batch_size=total,
+        loader_args=args,
+    )
+
+
+def _share_sampler_generator(batch_sampler: Any, device: torch.device) -> None:
+    """Give a shuffling sampler one generator, seeded identically on every process.
+
+    The seed is drawn from torch's global generator (as HF Accelerate does, so seeded runs
+    shuffle the same way under both runtimes) and then taken from rank 0, so processes agree
+    even when the script forgot ``set_seed``.
+    """
+    sampler = getattr(batch_sampler, "sampler", None)
+    if sampler is None or not hasattr(sampler, "generator"):
+        return
+    if sampler.generator is None:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        sampler.generator = torch.Generator().manual_seed(seed)
+    rng_state = ops.broadcast(sampler.generator.get_state().to(device))  # nccl needs it there
+    sampler.generator.set_state(rng_state.cpu())
+
+
+def _remainder(loader: DataLoader, total_batch_size: int | None) -> int:
+    """Real samples in the last round (``-1``: unknown or nothing padded), as HF computes it."""
+    if loader.drop_last or total_batch_size is None:
+        return -1
+    try:
+        return len(loader.dataset) % total_batch_size  # type: ignore[arg-type]
+    except TypeError:
+        return -1
+
+
+def skip_first_batches(loader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader that starts ``num_batches`` batches in (to resume inside an epoch)."""
+    if isinstance(loader, PreparedDataLoader):
+        return loader.skipping(num_batches)
+    if loader.batch_sampler is None:
+        raise ValueError("skip_first_batches needs a DataLoader with a batch sampler")
+    args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    sampler = SkipBatchSampler(loader.batch_sampler, num_batches)
+    return DataLoader(loader.dataset, batch_sampler=sampler, **args)

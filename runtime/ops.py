@@ -1,0 +1,165 @@
+"""Collectives over nested data (tensors inside lists, tuples, mappings, dataclasses).
+
+Each op is a thin walk over the structure around one torch.distributed call; on a single process
+they return their input (``reduce`` still applies ``scale``) and never touch torch.distributed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def apply(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Rebuild ``data`` with ``fn`` applied to every tensor in it, keeping container types."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (list, tuple)):
+        items = [apply(fn, item) for item in data]
+        return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(data, {key: apply(fn, value) for key, value in data.items()})
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        fields = dataclasses.fields(data)
+        return dataclasses.replace(
+            data, **{f.name: apply(fn, getattr(data, f.name)) for f in fields if f.init}
+        )
+    return data
+
+
+def _rebuild_mapping(original: Mapping, values: dict) -> Mapping:
+    if isinstance(original, MutableMapping):
+        rebuilt = copy.copy(original)  # keeps extras such as a defaultdict's factory
+        rebuilt.update(values)
+        return rebuilt
+    try:
+        return type(original)(values)
+    except TypeError:
+        return values
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def gather(data: Any) -> Any:
+    """Concatenate every process's tensors along dim 0 (0-d tensors become 1-d)."""
+    return apply(_gather_tensor, data) if is_distributed() else data
+
+
+def _gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = (tensor[None] if tensor.ndim == 0 else tensor).contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=0)
+
+
+def gather_object(obj: Any) -> list:
+    """Every process's ``obj`` (a list is flattened one level, like HF Accelerate)."""
+    if not is_distributed():
+        return obj if isinstance(obj, list) else [obj]
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, obj)
+    return [item for part in parts for item in (part if isinstance(part, list) else [part])]
+
+
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Sum (or average) tensors over processes; ``reduction="none"`` only scales."""
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', not {reduction!r}")
+    distributed = is_distributed() and reduction != "none"
+
+    def _reduce(tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.clone() if scale == 1.0 else tensor * scale
+        if distributed:
+            dist.all_reduce(out, dist.ReduceOp.SUM)
+            if reduction == "mean":
+                out /= dist.get_world_size()
+        return out
+
+    return apply(_reduce, data)
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Overwrite every process's tensors with those of ``from_process`` (in place)."""
+    if is_distributed():
+        apply(lambda tensor: dist.broadcast(tensor, src=from_process), data)
+    return data
+
+
+def pad_across_processes(
+    data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+) -> Any:
+    """Pad tensors along ``dim`` to the largest size any process holds, so they can be gathered."""
+    if not is_distributed():
+        return data
+
+    def _pad(tensor: torch.Tensor) -> torch.Tensor:
+        if dim >= tensor.ndim:
+            return tensor
+        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        longest = int(_gather_tensor(size).max())
+        if longest == tensor.shape[dim]:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = longest
+        padded = tensor.new_full(shape, pad_index)
+        start = longest - tensor.shape[dim] if pad_first else 0
+        index = [slice(None)] * tensor.ndim
+        index[dim] = slice(start, start + tensor.shape[dim])
+        padded[tuple(index)] = tensor
+        return padded
+
+    return apply(_pad, data)
+
+
+def only_tensors(data: Any) -> bool:
+    """Whether ``data`` holds nothing but tensors (in lists, tuples and mappings)."""
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(only_tensors(item) for item in data)
+    if isinstance(data, Mapping):
+        return all(only_tensors(value) for value in data.values())
+    return False
+
+
+def split(inputs: Any, num_processes: int, process_index: int, apply_padding: bool) -> Any:
+    """This process's contiguous share of ``inputs``; the first processes take the extras.
+
+    With ``apply_padding`` every share is as long as the longest one (the last element is
+    repeated), so the results can be gathered.
+    """
+    if num_processes == 1:
+        return inputs
+    if isinstance(inputs, Mapping):
+        lengths = {len(value) for value in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError("split_between_processes needs dict values of one length")
+        length = lengths.pop() if lengths else 0
+    else:
+        length = len(inputs)
+    per, extras = divmod(length, num_processes)
+    start = process_index * per + min(process_index, extras)
+    end = start + per + (1 if process_index < extras else 0)
+    longest = per + (1 if extras else 0)
+
+    def _share(values: Any) -> Any:
+        if not isinstance(values, (list, tuple, torch.Tensor)):
+            return values
+        share = values[start:end] if start < len(values) else values[-1:]
+        if apply_padding and len(share) < longest:
+            missing = longest - len(share)
+            if isinstance(share, torch.Tensor):
+                return torch.cat([share, share[-1:].expand(missing, *share.shape[1:])])
+            return share + type(share)([share[-1]] * missing)
+        return share
+
+    if isinstance(inputs, Mapping):
+        return {key: _share(value) for key, value in inputs.items()}
+    return _share(inputs)

@@ -1,0 +1,132 @@
+"""Mixed precision as plugins: autocast for the forward pass, a GradScaler for fp16 steps.
+
+The prepared model's ``forward`` runs under autocast and hands back fp32 outputs (HF Accelerate
+does the same, so losses match); fp16 scales the loss, unscales before clipping and reports a
+step the scaler skipped because of inf/nan gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import ops
+
+
+class Precision:
+    """Full precision: every hook is the plain PyTorch call."""
+
+    name = "no"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device_type = device.type
+
+    def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def wrap_forward(self, model: torch.nn.Module) -> None:
+        """Make ``model.forward`` run under :meth:`autocast` (a no-op in full precision)."""
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called once per prepared optimizer."""
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients back to their true scale before clipping them."""
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Callable | None) -> bool:
+        """Step ``optimizer``; return whether it really stepped."""
+        if closure is None:
+            optimizer.step()
+        else:
+            optimizer.step(closure)
+        return True
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore without a scaler."""
+
+
+class Autocast(Precision):
+    """bf16: autocast only; the forward's low-precision outputs come back as fp32."""
+
+    name = "bf16"
+    dtype = torch.bfloat16
+
+    def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device_type, **{"dtype": self.dtype, **kwargs})
+
+    def wrap_forward(self, model: torch.nn.Module) -> None:
+        original = model.forward
+        device_type, dtype = self.device_type, self.dtype
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type, dtype=dtype):
+                outputs = original(*args, **kwargs)
+            return ops.apply(_to_fp32, outputs)
+
+        model._accelify_original_forward = original  # type: ignore[assignment]
+        model.forward = forward  # type: ignore[method-assign]
+
+
+class GradScaling(Autocast):
+    """fp16: autocast plus a ``torch.amp.GradScaler``."""
+
+    name = "fp16"
+    dtype = torch.float16
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.scaler = torch.amp.GradScaler(device.type)
+        self._stepped = False
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        self.scaler.scale(loss).backward(**kwargs)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Note when the scaler lets ``optimizer.step`` through (it skips it on inf/nan)."""
+        original = optimizer.step
+        precision = self
+
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            precision._stepped = True
+            return original(*args, **kwargs)
+
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Callable | None) -> bool:
+        if closure is not None:
+            raise ValueError("optimizer closures are not supported with fp16 mixed precision")
+        self._stepped = False
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self._stepped
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scaler.load_state_dict(state)
+
+
+def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+_PLUGINS = {plugin.name: plugin for plugin in (Precision, Autocast, GradScaling)}
+
+
+def select(mixed_precision: str, device: torch.device) -> Precision:
+    """The plugin for ``"no"``, ``"bf16"`` or ``"fp16"``."""
+    return _PLUGINS[mixed_precision](device)

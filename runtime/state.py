@@ -1,0 +1,133 @@
+"""Who this process is and where it computes, resolved once from the environment.
+
+The launcher contract is torch.distributed's: ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` set by
+``torch.distributed.run`` (or ``accel-run``). More than one process always means a real process
+group: HF Accelerate quietly trains N independent copies when ``torchrun`` starts it on a CPU-only
+host without ``cpu=True``; here that case initialises gloo instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+
+class DistributedType(str, Enum):
+    """The same names and values as HF Accelerate's enum, so scripts can compare either."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """The immutable facts about this process, shared by every ``Accelerator`` in it."""
+
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    device: torch.device
+    distributed_type: DistributedType
+    cpu: bool
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+
+@dataclass
+class StepState:
+    """What the loaders, optimizers and schedulers of one ``Accelerator`` share during training.
+
+    Plain attributes (no properties, no singletons) so reading them per step costs one lookup.
+    """
+
+    sync_gradients: bool = True
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    active_loaders: list = field(default_factory=list)
+
+
+_resolved: dict[str, ProcessState] = {}  # "state" -> the one ProcessState of this process
+
+
+def is_initialized() -> bool:
+    """Whether an ``Accelerator`` (and so possibly a process group) already exists here."""
+    return "state" in _resolved
+
+
+def current() -> ProcessState | None:
+    return _resolved.get("state")
+
+
+def process_state(cpu: bool) -> ProcessState:
+    """Resolve the state on the first call; later calls must agree on ``cpu``."""
+    known = _resolved.get("state")
+    if known is None:
+        known = _resolved["state"] = _resolve(cpu)
+    elif known.cpu != cpu:
+        raise ValueError(
+            f"an Accelerator with cpu={known.cpu} already exists in this process; "
+            f"cannot create one with cpu={cpu}"
+        )
+    return known
+
+
+def reset() -> None:
+    """Forget the state and tear down the process group it started (``end_training``)."""
+    known = _resolved.pop("state", None)
+    if known is not None and known.use_distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _resolve(cpu: bool) -> ProcessState:
+    world_size = _int_env("WORLD_SIZE", 1)
+    if world_size <= 1:
+        device = _best_device(cpu)
+        return ProcessState(1, 0, 0, device, DistributedType.NO, cpu)
+    rank, local_rank = _int_env("RANK", 0), _int_env("LOCAL_RANK", 0)
+    use_cuda = torch.cuda.is_available() and not cpu
+    if use_cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    if dist.get_world_size() != world_size:
+        raise RuntimeError(
+            f"WORLD_SIZE={world_size} but the process group has {dist.get_world_size()} processes"
+        )
+    kind = DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU
+    return ProcessState(world_size, rank, local_rank, device, kind, cpu)
+
+
+def _best_device(cpu: bool) -> torch.device:
+    if not cpu and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if not cpu and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
