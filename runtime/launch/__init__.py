@@ -1,1 +1,5 @@
 """accel-run and notebook_launcher, built on torch.distributed's elastic agent."""
+
+from accelify.runtime.launch.notebook import notebook_launcher
+
+__all__ = ["notebook_launcher"]

@@ -18,7 +18,11 @@ import traceback
 from types import TracebackType
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
-_OWN_FRAMES = frozenset({__file__, runpy.__file__, "<frozen runpy>"})
+# Launcher frames above the user's code, dropped from tracebacks (notebook.py wraps functions).
+_OWN_FRAMES = frozenset(
+    {__file__, os.path.join(os.path.dirname(__file__), "notebook.py"), runpy.__file__}
+    | {"<frozen runpy>"}
+)
 
 
 def main(argv: list[str]) -> None:
@@ -35,11 +39,10 @@ def main(argv: list[str]) -> None:
         raise
     except SystemExit as err:
         if err.code not in (0, None):
-            _record(err)  # the time tells a rank that gave up from the ranks it took down
+            record_error(err)  # the time tells a rank that gave up from the ranks it took down
         raise
     except BaseException as err:
-        err.__traceback__ = _user_frames(err.__traceback__)
-        if not _record(err):
+        if not record_error(err):
             raise
         sys.exit(1)
 
@@ -51,11 +54,16 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def _record(err: BaseException) -> bool:
-    """Write ``err`` where the agent looks for it; False when there is no such place."""
+def record_error(err: BaseException) -> bool:
+    """Write ``err`` where the agent looks for it; False when there is no such place.
+
+    Written like ``torch.distributed.elastic``'s ``@record`` (so the agent reads it) plus the
+    time to the microsecond, which is what orders the failures of ranks in the report.
+    """
     path = os.environ.get(ERROR_FILE)
     if not path:
         return False
+    err.__traceback__ = _user_frames(err.__traceback__)
     now = time.time()
     data = {
         "message": {

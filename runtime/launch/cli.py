@@ -57,7 +57,7 @@ _VALUE_FLAGS = (
 )
 _SWITCHES = (
     ("use_cpu", "--cpu", "run on CPU only (gloo), even where GPUs exist"),
-    ("same_network", "--same-network", "all machines share one local network"),
+    ("same_network", "--same-network", "accepted for accelerate compatibility (no effect)"),
     ("debug", "--debug", "show the elastic agent's log and set ACCELERATE_DEBUG_MODE"),
 )
 
@@ -110,7 +110,7 @@ def launch_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-m", "--module", action="store_true", help="the target is a module name, as in python -m"
     )
-    parser.add_argument("script", help="the training script (or module with -m)")
+    parser.add_argument("script", nargs="?", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -161,6 +161,8 @@ def _launch(argv: list[str]) -> int:
     from accelify.runtime.launch.run import BOOTSTRAP, run_elastic
 
     args = launch_parser().parse_args(argv)
+    if args.script is None:
+        raise UsageError("no script to run; see accel-run --help")
     settings = cfg.load_settings(args.config_file, flag_values(args))
     if args.module:
         command = ["-m", args.script, *args.script_args]
@@ -168,7 +170,7 @@ def _launch(argv: list[str]) -> int:
         command = [args.script, *args.script_args]
     else:
         raise cfg.ConfigError(f"{args.script}:0: no such script")
-    report = run_elastic(settings, sys.executable, [BOOTSTRAP, *command], "spawn")
+    report = run_elastic(settings, sys.executable, [BOOTSTRAP, *command], "spawn", PROG)
     if report is None:
         return 0
     _console().print(Text(report.text))

@@ -22,8 +22,8 @@ MIXED_PRECISIONS = ("no", "fp16", "bf16")
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
-class ConfigError(Exception):
-    """A bad setting or config file; ``str()`` is the one-line report (exit code 2)."""
+class ConfigError(ValueError):
+    """A bad setting or config file; ``str()`` is the one-line report (exit code 2 in the CLI)."""
 
 
 def default_config_path() -> Path:
@@ -122,7 +122,9 @@ class Settings:
     main_process_port: int | None = None  # None or 0: a free port (single machine only)
     gpu_ids: str | None = None
     rdzv_backend: str = "static"
-    same_network: bool = True
+    # Accepted for compatibility: accelerate's two multi-machine paths give the agent the same
+    # static endpoint, so accel-run needs no switch for it.
+    same_network: bool = False
     debug: bool = False
     # Flag-only settings (accelerate's config file has no place for them).
     gradient_accumulation_steps: int | None = None

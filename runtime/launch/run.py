@@ -15,26 +15,17 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelify.runtime.launch.config import DEFAULT_PORT, ConfigError, Settings, child_env
+from accelify.runtime.launch.failures import FailureReport, collect, describe
 
 if TYPE_CHECKING:
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
     from torch.distributed.launcher.api import LaunchConfig
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 _ELASTIC_LOGGER = "torch.distributed.elastic"
-
-
-@dataclass(frozen=True)
-class FailureReport:
-    """What to print when workers failed, root cause first, and the exit code to leave with."""
-
-    text: str
-    exit_code: int
 
 
 def launch_config(settings: Settings, start_method: str, log_dir: str) -> LaunchConfig:
@@ -86,8 +77,8 @@ def _check_port_free(port: int) -> None:
 
 def _port_busy(port: int) -> str:
     return (
-        f"--main-process-port {port} is already in use; pick another port, or pass 0 (or leave it "
-        "out) on a single machine to get a free one"
+        f"port {port} is already in use; pick another (--main-process-port, or use_port in "
+        "notebook_launcher), or 0 on a single machine to get a free one"
     )
 
 
@@ -120,7 +111,11 @@ def quiet_agent(debug: bool) -> Iterator[None]:
 
 
 def run_elastic(
-    settings: Settings, entrypoint: Callable[..., Any] | str, args: list[Any], start_method: str
+    settings: Settings,
+    entrypoint: Callable[..., Any] | str,
+    args: list[Any],
+    start_method: str,
+    prog: str,
 ) -> FailureReport | None:
     """Run the workers under the elastic agent; ``None`` when all succeeded.
 
@@ -141,69 +136,12 @@ def run_elastic(
         try:
             elastic_launch(config, entrypoint)(*args)
         except ChildFailedError as err:
-            return describe_failures(err.failures)
+            return describe(collect(err, log_dir), prog)
         except SignalException as err:
             sig = signal.Signals(err.sigval)
-            return FailureReport(f"accel-run: stopped by {sig.name}", 128 + sig.value)
+            return FailureReport(f"{prog}: stopped by {sig.name}", 128 + sig.value)
         except Exception as err:  # the rendezvous store could not bind
             if settings.main_process_port and "EADDRINUSE" in str(err) + repr(err.__cause__):
                 raise ConfigError(_port_busy(settings.main_process_port)) from None
             raise
     return None
-
-
-def describe_failures(failures: Mapping[int, ProcessFailure]) -> FailureReport:
-    """Root cause first, with its traceback; then one line for each rank it took down.
-
-    When one rank dies the others fail too, a moment later ("connection closed by peer"), or are
-    stopped by the agent with SIGTERM; :func:`_root_cause_key` orders them back.
-    """
-    ordered = sorted(failures.items(), key=lambda item: _root_cause_key(*item))
-    rank, first = ordered[0]
-    lines = [f"accel-run: rank {rank} failed first ({_how(first)}):"]
-    lines.append(_traceback(first) or f"  {_summary(first)}")
-    lines.extend(
-        f"accel-run: rank {other} also failed ({_how(failure)}): {_summary(failure)}"
-        for other, failure in ordered[1:]
-    )
-    code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
-    return FailureReport("\n".join(line.rstrip("\n") for line in lines), code)
-
-
-_STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)  # what the agent (or Ctrl-C) stops workers with
-
-
-def _root_cause_key(rank: int, failure: ProcessFailure) -> tuple[int, float, int]:
-    """Killed from outside (OOM, segfault) < raised, earliest first < exited < stopped."""
-    extra = _extra(failure)
-    if extra:
-        tier = 1
-    elif failure.exitcode < 0:
-        tier = 3 if failure.exitcode in _STOP_SIGNALS else 0
-    else:
-        tier = 2
-    return (tier, float(extra.get("accelify_time", failure.timestamp)), rank)
-
-
-def _extra(failure: ProcessFailure) -> Mapping[str, Any]:
-    message = failure.error_file_data.get("message")
-    return message.get("extraInfo", {}) if isinstance(message, dict) else {}
-
-
-def _traceback(failure: ProcessFailure) -> str:
-    return str(_extra(failure).get("py_callstack", ""))
-
-
-def _summary(failure: ProcessFailure) -> str:
-    message = failure.error_file_data.get("message")
-    if isinstance(message, dict):
-        return str(message.get("message", "")).splitlines()[0]
-    if failure.exitcode < 0:
-        return "no traceback: killed from outside (out of memory? a crash in native code?)"
-    return "no traceback: the process exited without raising (os._exit?)"
-
-
-def _how(failure: ProcessFailure) -> str:
-    if failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}, pid {failure.pid}"
-    return f"exit code {failure.exitcode}, pid {failure.pid}"

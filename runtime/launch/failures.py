@@ -1,0 +1,120 @@
+"""Which worker failed first, and the report that shows its traceback before anything else.
+
+When one rank dies the others fail too, a moment later ("connection closed by peer"), or are
+stopped by the agent with SIGTERM; torch's own summary orders them by whole seconds and, for
+function workers, names only one of them. Here every rank's error file is read and the ranks are
+put back in causal order by :func:`_root_cause_key`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # how the agent (or Ctrl-C) stops the workers
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rank: how it ended (None: not reported by the agent) and what it recorded."""
+
+    rank: int
+    exitcode: int | None = None
+    pid: int | None = None
+    error: Mapping[str, Any] = field(default_factory=dict)  # the error file's "message" object
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """What to print when workers failed, root cause first, and the exit code to leave with."""
+
+    text: str
+    exit_code: int
+
+
+def collect(err: ChildFailedError, log_dir: str) -> list[Failure]:
+    """The agent's failures plus the error files of ranks it did not report (same machine)."""
+    found = {
+        rank: Failure(rank, f.exitcode, f.pid, _message(f.error_file_data))
+        for rank, f in err.failures.items()
+    }
+    offset = next(rank - f.local_rank for rank, f in err.failures.items())
+    for local_rank, data in _error_files(Path(log_dir)).items():
+        found.setdefault(offset + local_rank, Failure(offset + local_rank, error=_message(data)))
+    return list(found.values())
+
+
+def _error_files(log_dir: Path) -> dict[int, Any]:
+    """Last attempt's ``<log_dir>/<run>/attempt_<n>/<local_rank>/error.json``, by local rank."""
+    attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
+    if not attempts:
+        return {}
+    files = (p for p in attempts[-1].glob("*/error.json") if re.fullmatch(r"\d+", p.parent.name))
+    return {int(p.parent.name): json.loads(p.read_text(encoding="utf-8")) for p in files}
+
+
+def _message(error_file_data: Mapping[str, Any]) -> Mapping[str, Any]:
+    message = error_file_data.get("message")
+    return message if isinstance(message, dict) else {}
+
+
+def describe(failures: list[Failure], prog: str) -> FailureReport:
+    """Root cause first, with its traceback; then one line for each rank it took down."""
+    first, *others = sorted(failures, key=_root_cause_key)
+    lines = [f"{prog}: rank {first.rank} failed first ({_how(first)}):"]
+    lines.append(str(_extra(first).get("py_callstack", "")).rstrip() or f"  {_summary(first)}")
+    lines += [
+        f"{prog}: rank {f.rank} also failed ({_how(f)}): {_summary(f)}"
+        for f in sorted(others, key=lambda f: f.rank)
+    ]
+    code = first.exitcode or 1
+    return FailureReport("\n".join(lines), code if code > 0 else 128 - code)
+
+
+def _root_cause_key(failure: Failure) -> tuple[int, float, int]:
+    """Killed from outside (OOM, segfault) < raised, earliest first < exited < stopped."""
+    extra = _extra(failure)
+    exitcode = failure.exitcode or 0
+    if extra:
+        tier = 1
+    elif exitcode < 0:
+        tier = 3 if -exitcode in _STOP_SIGNALS else 0
+    else:
+        tier = 2 if exitcode > 0 else 3
+    return (tier, float(extra.get("accelify_time", extra.get("timestamp", 0))), failure.rank)
+
+
+def _extra(failure: Failure) -> Mapping[str, Any]:
+    extra = failure.error.get("extraInfo")
+    return extra if isinstance(extra, dict) else {}
+
+
+def _summary(failure: Failure) -> str:
+    if failure.error.get("message"):
+        return str(failure.error["message"]).splitlines()[0]
+    if (failure.exitcode or 0) < 0:
+        return "no traceback: killed from outside (out of memory? a crash in native code?)"
+    return "no traceback: the process exited without raising (os._exit?)"
+
+
+def _how(failure: Failure) -> str:
+    if failure.exitcode is None:
+        return "raised" if failure.error else "stopped with the others"
+    if failure.exitcode < 0:
+        return f"killed by {_signal_name(-failure.exitcode)}, pid {failure.pid}"
+    return f"exit code {failure.exitcode}, pid {failure.pid}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

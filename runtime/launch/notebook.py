@@ -1,0 +1,103 @@
+"""``notebook_launcher``: run a function on several processes from a notebook, by forking.
+
+Same elastic agent and failure report as accel-run; what differs is that a notebook's process
+outlives the launch, so everything that would make the forked workers fail (CUDA already
+initialised, an Accelerator already created) is refused *before* forking, with what to move.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from accelify.runtime.launch import config as cfg
+from accelify.runtime.launch.bootstrap import record_error
+from accelify.runtime.launch.run import patched_environ, run_elastic
+
+_RESTART = "then restart the kernel and call notebook_launcher again"
+
+
+def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional args included)
+    function: Callable[..., Any],
+    args: Sequence[Any] = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+) -> None:
+    """Run ``function(*args)`` on ``num_processes`` processes per node (HF Accelerate's API).
+
+    ``num_processes`` None means one per GPU, or a plain call on a CPU-only machine; so does 1.
+    ``use_port`` "0" picks a free port (single node). Raises ``RuntimeError`` with the failing
+    rank's traceback first when a worker fails.
+    """
+    gpus = cfg.gpu_count()
+    try:
+        per_node = cfg.positive_int(max(gpus, 1) if num_processes is None else num_processes)
+        given = {
+            "num_processes": per_node * num_nodes,
+            "num_machines": num_nodes,
+            "machine_rank": node_rank,
+            "mixed_precision": mixed_precision,
+            "main_process_ip": master_addr,
+            "main_process_port": use_port,
+            "max_restarts": max_restarts,
+            "monitor_interval": monitor_interval,
+            "use_cpu": gpus == 0,
+        }
+        flags = {key: cfg.parse_value(key, value) for key, value in given.items()}
+    except ValueError as err:
+        raise ValueError(f"notebook_launcher: {err}") from None
+    settings = cfg.resolve({}, flags, cfg.gpu_count)
+    if settings.num_processes == 1:
+        with patched_environ(cfg.child_env(settings)):
+            function(*args)
+        return
+    _refuse_unforkable_parent()
+    report = run_elastic(settings, _recorded(function), list(args), "fork", "notebook_launcher")
+    if report is not None:
+        raise RuntimeError(report.text)
+
+
+def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` recording its exception the way accel-run's workers do (see bootstrap.py).
+
+    It exits instead of re-raising so torch's ``@record`` around it keeps that file as written.
+    """
+
+    @functools.wraps(function)
+    def worker(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except Exception as err:
+            if not record_error(err):
+                raise
+            sys.exit(1)
+
+    return worker
+
+
+def _refuse_unforkable_parent() -> None:
+    """Say what to move into the function now, instead of letting every forked worker crash."""
+    import torch
+
+    from accelify.runtime.state import is_initialized
+
+    if is_initialized():
+        raise RuntimeError(
+            "notebook_launcher: an Accelerator already exists in this process; create it inside "
+            f"the function you launch, not in the notebook, {_RESTART}"
+        )
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "notebook_launcher: CUDA is already initialised in this process, so forked workers "
+            "could not use it. Move every call that touches the GPU (`.cuda()`, `.to('cuda')`, "
+            "`torch.cuda.*` allocations or seeding, building the model on the GPU) into the "
+            f"function you launch, {_RESTART}"
+        )
