@@ -1,0 +1,412 @@
+"""accel-convert's command line: modes, exit codes, the report, and byte-faithful writes.
+
+Most tests run the CLI in-process against a stand-in engine that makes one known edit (swap
+``loss.backward()``) and one needs-a-human note, so what is checked is the CLI's own contract —
+where output goes, what is written, how it is encoded — independent of the converter's steps.
+Parse errors still come from the real engine. A few tests run the real engine end to end, one of
+them through the installed ``accel-convert`` script.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from accelify.transform import cli
+from accelify.transform.console import package_version
+from accelify.transform.convert import Note, Options, Result, convert
+
+SCRIPT = """\
+import torch
+
+model = Net().to(device)
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+UNCHANGED = "x = 1\n"
+BEFORE, AFTER = "loss.backward()", "accelerator.backward(loss)"
+MANUAL = "# hand-rolled all_reduce"
+ERROR_LINE = re.compile(r"^\S+:\d+: \S.*$")
+
+
+def fake_convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
+    """The real engine's parsing and errors, then one known edit and notes by line."""
+    convert(source, options, path)
+    notes = [
+        Note(number, f"swapped {BEFORE}") if BEFORE in line else Note(number, "all_reduce", True)
+        for number, line in enumerate(source.splitlines(), 1)
+        if BEFORE in line or MANUAL in line
+    ]
+    return Result(code=source.replace(BEFORE, AFTER), notes=tuple(notes), original=source)
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> list[Options]:
+    """Install the stand-in engine; the list collects the options each call got."""
+    seen: list[Options] = []
+
+    def recording(source: str, options: Options | None = None, path: str = "<string>") -> Result:
+        seen.append(options or Options())
+        return fake_convert(source, options, path)
+
+    monkeypatch.setattr(cli, "convert", recording)
+    return seen
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def run(*args: str, stdin: bytes | None = None, env: dict[str, str | None] | None = None):
+    result = CliRunner().invoke(cli.app, list(args), input=stdin, env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def write(name: str, text: str | bytes) -> Path:
+    path = Path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+# --- default mode, stdin, -o -----------------------------------------------------------------
+
+
+def test_one_file_prints_converted_source_and_reports_on_stderr(engine: list[Options]) -> None:
+    write("train.py", SCRIPT + MANUAL + "\n")
+    result = run("train.py")
+    assert result.exit_code == 0
+    assert result.stdout == (SCRIPT + MANUAL + "\n").replace(BEFORE, AFTER)
+    assert result.stderr.splitlines() == [
+        f"train.py:6: swapped {BEFORE}",
+        "train.py:8: needs a human: all_reduce",
+        "1 file converted, 0 unchanged, 1 place to finish by hand",
+    ]
+    assert Path("train.py").read_text() == SCRIPT + MANUAL + "\n"  # printing writes nothing
+
+
+def test_stdin_is_converted_to_stdout_in_every_writing_mode(engine: list[Options]) -> None:
+    for args in (["-"], ["--inplace", "-"]):
+        result = run(*args, stdin=SCRIPT.encode())
+        assert result.exit_code == 0
+        assert result.stdout == SCRIPT.replace(BEFORE, AFTER)
+        assert f"<stdin>:6: swapped {BEFORE}" in result.stderr
+
+
+def test_output_writes_one_input_to_a_new_file_with_ordinary_mode(engine: list[Options]) -> None:
+    write("train.py", SCRIPT)
+    old_umask = os.umask(0o022)
+    try:
+        result = run("train.py", "-o", "out.py")
+    finally:
+        os.umask(old_umask)
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert Path("out.py").read_text() == SCRIPT.replace(BEFORE, AFTER)
+    assert stat.S_IMODE(Path("out.py").stat().st_mode) == 0o644  # not mkstemp's 0600
+    assert Path("train.py").read_text() == SCRIPT
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["a.py", "b.py"], "use --inplace, --diff or --check"),
+        (["pkg"], "use --inplace, --diff or --check"),
+        (["a.py", "b.py", "-o", "out.py"], "takes exactly one input file"),
+        (["pkg", "-o", "out.py"], "takes exactly one input file"),
+        (["a.py", "--inplace", "--check"], "choose one of --inplace, --check"),
+        (["a.py", "--diff", "-o", "out.py"], "choose one of --diff, -o"),
+        (["a.py", "--target", "tensorflow"], "--target"),
+        (["a.py", "--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
+        (["a.py", "--jobs", "-1"], "--jobs"),
+    ],
+)
+def test_usage_mistakes_exit_2_and_touch_nothing(
+    engine: list[Options], args: list[str], message: str
+) -> None:
+    write("a.py", SCRIPT)
+    write("b.py", SCRIPT)
+    write("pkg/c.py", SCRIPT)
+    result = run(*args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+    assert not engine  # refused before converting anything
+    assert not Path("out.py").exists()
+    assert Path("a.py").read_text() == SCRIPT
+
+
+def test_options_reach_the_engine(engine: list[Options]) -> None:
+    write("a.py", SCRIPT)
+    args = ["--target", "accelerate", "--mixed-precision", "bf16"]
+    assert run("a.py", *args, "--gradient-accumulation-steps", "4").exit_code == 0
+    assert run("a.py").exit_code == 0
+    assert engine == [Options("accelerate", "bf16", 4), Options()]
+
+
+# --- --inplace, --check, --diff ----------------------------------------------------------------
+
+
+def test_inplace_rewrites_changed_files_only(engine: list[Options]) -> None:
+    changed, same = write("a.py", SCRIPT), write("b.py", UNCHANGED)
+    inode = same.stat().st_ino
+    result = run("--inplace", "a.py", "b.py")
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert changed.read_text() == SCRIPT.replace(BEFORE, AFTER)
+    assert same.stat().st_ino == inode  # not even rewritten with the same bytes
+    assert result.stderr.splitlines()[-1] == "1 file converted, 1 unchanged"
+
+
+def test_check_reports_without_writing_and_exits_1_on_changes(engine: list[Options]) -> None:
+    write("a.py", SCRIPT)
+    write("b.py", UNCHANGED)
+    result = run("--check", "a.py", "b.py")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert f"a.py:6: swapped {BEFORE}" in result.stderr
+    assert result.stderr.splitlines()[-1] == "1 file would be converted, 1 unchanged"
+    assert Path("a.py").read_text() == SCRIPT
+    assert run("--check", "b.py").exit_code == 0
+
+
+def test_diff_is_git_style_plain_in_a_pipe_and_coloured_on_a_terminal(
+    engine: list[Options],
+) -> None:
+    write("pkg/a.py", SCRIPT)
+    write("pkg/b.py", UNCHANGED)
+    result = run("--diff", "pkg")
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["--- a/pkg/a.py", "+++ b/pkg/a.py"]
+    assert f"-    {BEFORE}" in lines
+    assert f"+    {AFTER}" in lines
+    assert "b.py" not in result.stdout  # nothing to show for an unchanged file
+    assert "\x1b[" not in result.stdout
+    assert Path("pkg/a.py").read_text() == SCRIPT
+    coloured = run("--diff", "pkg", env={"FORCE_COLOR": "1", "NO_COLOR": None, "TERM": "xterm"})
+    assert "\x1b[" in coloured.stdout
+    assert run("--diff", "pkg/b.py").exit_code == 0
+
+
+def test_diff_marks_a_missing_final_newline(engine: list[Options]) -> None:
+    write("a.py", f"x = 1\n{BEFORE}")
+    lines = run("--diff", "a.py").stdout.splitlines()
+    assert lines[-4:] == [
+        f"-{BEFORE}",
+        "\\ No newline at end of file",
+        f"+{AFTER}",
+        "\\ No newline at end of file",
+    ]
+
+
+def test_quiet_keeps_only_errors_and_needs_a_human(engine: list[Options]) -> None:
+    write("a.py", SCRIPT + MANUAL + "\n")
+    write("bad.py", "x = (\n")
+    result = run("--check", "--quiet", "a.py", "bad.py")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "a.py:8: needs a human: all_reduce",
+        "bad.py:1: syntax error: '(' was never closed",
+    ]
+
+
+# --- bad input, failed writes --------------------------------------------------------------
+
+
+def test_bad_inputs_are_one_line_errors_and_the_good_file_still_converts(
+    engine: list[Options],
+) -> None:
+    bad = {
+        "syntax.py": b"x = 1\nif x\n    pass\n",
+        "latin.py": b"name = 'caf\xe9'\n",  # not UTF-8 and no coding cookie
+        "blob.py": b"\x00\x01\x02binary",
+    }
+    for name, data in bad.items():
+        write(name, data)
+    write("good.py", SCRIPT)
+    result = run("--inplace", "syntax.py", "latin.py", "good.py", "blob.py", "missing.py")
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("good.py")][:4]
+    assert [line.split(":")[:2] for line in errors] == [
+        ["syntax.py", "2"],
+        ["latin.py", "1"],
+        ["blob.py", "1"],
+        ["missing.py", "0"],
+    ]
+    assert all(ERROR_LINE.match(line) for line in errors)
+    assert "no such file" in errors[3]
+    assert Path("good.py").read_text() == SCRIPT.replace(BEFORE, AFTER)
+    assert {name: Path(name).read_bytes() for name in bad} == bad
+    assert sorted(os.listdir()) == ["blob.py", "good.py", "latin.py", "syntax.py"]
+
+
+def test_errors_win_over_found_changes(engine: list[Options]) -> None:
+    write("a.py", SCRIPT)
+    assert run("--diff", "a.py", "missing.py").exit_code == 2
+
+
+def test_failed_write_keeps_the_original_and_leaves_no_temp_file(
+    engine: list[Options], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write("a.py", SCRIPT)
+    write("b.py", SCRIPT)
+    real_replace = os.replace
+
+    def replace(src: str, dst: str | Path) -> None:
+        if Path(dst).name == "a.py":
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    result = run("--inplace", "a.py", "b.py")
+    assert result.exit_code == 2
+    assert "a.py:0: cannot write: No space left on device" in result.stderr.splitlines()
+    assert Path("a.py").read_text() == SCRIPT
+    assert Path("b.py").read_text() == SCRIPT.replace(BEFORE, AFTER)
+    assert sorted(os.listdir()) == ["a.py", "b.py"]
+
+
+# --- what --inplace keeps, byte for byte -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        pytest.param(SCRIPT.replace("\n", "\r\n").encode(), id="crlf"),
+        pytest.param(b"\xef\xbb\xbf" + SCRIPT.encode(), id="utf8-bom"),
+        pytest.param(
+            b"# -*- coding: latin-1 -*-\nname = 'caf\xe9'\n" + SCRIPT.encode(), id="latin-1"
+        ),
+    ],
+)
+def test_inplace_keeps_encoding_bom_and_line_endings(
+    engine: list[Options], original: bytes
+) -> None:
+    path = write("a.py", original)
+    assert run("--inplace", "a.py").exit_code == 0
+    assert path.read_bytes() == original.replace(BEFORE.encode(), AFTER.encode())
+
+
+def test_inplace_keeps_mode_bits(engine: list[Options]) -> None:
+    path = write("a.py", SCRIPT)
+    path.chmod(0o751)
+    assert run("--inplace", "a.py").exit_code == 0
+    assert path.read_text() == SCRIPT.replace(BEFORE, AFTER)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o751
+
+
+# --- walking folders ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_folders_skip_hidden_dirs_and_git_ignored_files(engine: list[Options]) -> None:
+    subprocess.run(["git", "init", "-q"], check=True)
+    write(".gitignore", "generated.py\n")
+    for name in ("src/a.py", "src/generated.py", ".hidden/b.py", "src/notes.txt"):
+        write(name, SCRIPT)
+    Path("empty").mkdir()
+    result = run("--diff", ".")
+    headers = [line for line in result.stdout.splitlines() if line.startswith("---")]
+    assert headers == ["--- a/src/a.py"]
+    assert len(engine) == 1
+    nothing = run("--check", "empty")
+    assert (nothing.exit_code, nothing.stderr) == (0, "no Python files found\n")
+
+
+# --- --jobs, --version, --help -------------------------------------------------------------
+
+
+def test_jobs_runs_a_process_pool_and_keeps_input_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real engine: worker processes must not depend on anything patched in this one."""
+    import concurrent.futures
+
+    pools: list[int] = []
+
+    class Pool(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers: int) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    write("a.py", SCRIPT)
+    write("b.py", "x = (\n")
+    write("c.py", SCRIPT.replace("model", "net"))
+    write("d.py", "def f(:\n")
+    serial = run("--diff", "a.py", "b.py", "c.py", "d.py")
+    parallel = run("--diff", "--jobs", "2", "a.py", "b.py", "c.py", "d.py")
+    assert pools == [2]
+    assert (parallel.exit_code, parallel.stdout, parallel.stderr) == (
+        serial.exit_code,
+        serial.stdout,
+        serial.stderr,
+    )
+    errors = [line for line in parallel.stderr.splitlines() if "syntax error" in line]
+    assert [line.split(":")[0] for line in errors] == ["b.py", "d.py"]
+    assert parallel.stdout.index("a/a.py") < parallel.stdout.index("a/c.py")
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert (result.exit_code, result.stdout) == (0, f"accel-convert {package_version()}\n")
+
+
+def test_help_teaches_modes_exit_codes_and_examples() -> None:
+    result = run("--help")
+    assert result.exit_code == 0
+    for text in ("--inplace", "--diff", "--check", "--output", "--jobs", "--quiet", "Exit status"):
+        assert text in result.stdout
+    assert re.search(r"Examples:\n +accel-convert train.py > train_accel.py", result.stdout)
+
+
+# --- the real engine, end to end ---------------------------------------------------------------
+
+
+def _script() -> str:
+    found = shutil.which("accel-convert", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("accel-convert is not installed next to this Python")
+    return found
+
+
+def test_installed_script_converts_stdin_and_reports_bad_files_in_one_line() -> None:
+    write("bad.py", "def f(:\n")
+    write("good.py", SCRIPT)
+    piped = subprocess.run(
+        [_script(), "-"], input=SCRIPT.encode(), capture_output=True, check=False
+    )
+    assert piped.returncode == 0
+    assert piped.stdout == convert(SCRIPT).code.encode()
+    checked = subprocess.run(
+        [_script(), "--check", "bad.py", "good.py"], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 2
+    assert checked.stderr.splitlines()[0] == "bad.py:1: syntax error: invalid syntax"
+    assert "Traceback" not in checked.stderr
+
+
+def test_real_conversion_keeps_crlf_line_endings() -> None:
+    path = write("a.py", SCRIPT.replace("\n", "\r\n"))
+    assert run("--inplace", "a.py").exit_code == 0
+    data = path.read_bytes()
+    assert data.count(b"\n") == data.count(b"\r\n")  # no bare LF, also in inserted lines
+
+
+def test_real_check_finds_the_script_needs_converting() -> None:
+    write("a.py", SCRIPT)
+    result = run("--check", "a.py")
+    assert result.exit_code == 1
+    assert "1 file would be converted" in result.stderr
