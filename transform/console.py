@@ -6,6 +6,8 @@ place that knows the exit codes CI gates on.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 from rich.console import Console
 
 EXIT_OK = 0
@@ -19,9 +21,6 @@ def console(stderr: bool = False) -> Console:
 
 
 def package_version() -> str:
-    # Imported here: importlib.metadata costs ~10 ms of start-up that only --version needs.
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("accelify")
     except PackageNotFoundError:  # running from a source tree that was never installed
