@@ -1,0 +1,29 @@
+"""Small builders for the code that fixes put in: ``accelerator.method(args)`` and friends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+
+def name_expr(dotted: str) -> cst.BaseExpression:
+    """``a.b.c`` as an expression node."""
+    return cst.parse_expression(dotted)
+
+
+def method_call(receiver: str, method: str, args: Sequence[cst.Arg]) -> cst.Call:
+    """``receiver.method(*args)``, keeping the arguments' own spacing and comments."""
+    return cst.Call(cst.Attribute(name_expr(receiver), cst.Name(method)), args=list(args))
+
+
+def unwrapped(accelerator: str, model: cst.BaseExpression) -> cst.Call:
+    """``accelerator.unwrap_model(model)``."""
+    return method_call(accelerator, "unwrap_model", [cst.Arg(model)])
+
+
+def last_arg(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    """``args`` with the trailing comma dropped from the last one, for re-use in a new call."""
+    if not args:
+        return []
+    return [*args[:-1], args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]

@@ -1,0 +1,147 @@
+"""ACL206 redundant-device-move."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.rules.facts import Facts, Prepared
+from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
+
+
+def _is_device(expr: cst.BaseExpression) -> bool:
+    """``device``, ``accelerator.device``, ``"cuda"``, ``torch.device(...)``: clearly a device."""
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return isinstance(value, str) and value.split(":")[0] in {"cuda", "cpu", "mps", "xpu"}
+    if isinstance(expr, cst.Call):
+        return callee_name(expr) == "device"
+    name = dotted_name(expr)
+    return name is not None and "device" in name.rsplit(".", 1)[-1].lower()
+
+
+def device_move(call: cst.Call) -> bool:
+    """``x.to(<device>)`` (maybe ``non_blocking=``) or ``x.cuda()``: a move and nothing else."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    method = call.func.attr.value
+    if method == "cuda":
+        return not call.args
+    if method != "to" or not call.args:
+        return False
+    positional = [a for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    if positional:
+        return len(positional) == 1 and _is_device(positional[0].value) and keywords <= {
+            "non_blocking"
+        }
+    device = keyword_arg(call, "device")
+    return device is not None and _is_device(device.value) and keywords <= {"device", "non_blocking"}
+
+
+class RedundantDeviceMove(Rule):
+    """`.to(device)`/`.cuda()` on a prepared model or on batches of a prepared loader.
+
+    ## What it does
+    Flags device moves of objects `accelerator.prepare` already placed: the prepared model, and
+    batches (or parts of batches) taken from a prepared `DataLoader`.
+
+    ## Why is this bad?
+    Accelerate puts them on the right device already. On DDP the move is a no-op; under
+    DeepSpeed/FSDP (sharded or offloaded parameters) moving the wrapped model is wrong, and
+    hard-coded `"cuda"` breaks CPU, MPS and multi-GPU runs alike.
+
+    ## Example
+    ```python
+    for batch in train_dataloader:
+        batch = batch.to(device)
+    ```
+
+    ## Use instead
+    ```python
+    for batch in train_dataloader:
+        ...  # already on accelerator.device
+    ```
+
+    ## Fix safety
+    Safe: the move is replaced by the object itself (or the statement is dropped), and the rule
+    stays silent when `Accelerator(device_placement=False)` asks for manual placement.
+    """
+
+    code = "ACL206"
+    name = "redundant-device-move"
+    severity = Severity.WARNING
+
+    VALID = [
+        "accelerator = Accelerator()\nmodel = Net().to(device)\nmodel = accelerator.prepare(model)",
+        "accelerator = Accelerator()\ndl = accelerator.prepare(dl)\nfor x, y in dl:\n"
+        "    x = x.to(torch.float16)",
+        "accelerator = Accelerator(device_placement=False)\ndl = accelerator.prepare(dl)\n"
+        "for batch in dl:\n    batch = batch.to(accelerator.device)",
+        "accelerator = Accelerator()\nfor batch in raw_loader:\n    batch = batch.to(device)",
+    ]
+    INVALID = [
+        Invalid(
+            "accelerator = Accelerator()\nmodel, dl = accelerator.prepare(model, dl)\n"
+            "for step, (x, y) in enumerate(dl):\n    x = x.to(device)\n    out = model(x)\n",
+            "accelerator = Accelerator()\nmodel, dl = accelerator.prepare(model, dl)\n"
+            "for step, (x, y) in enumerate(dl):\n    x = x\n    out = model(x)\n",
+        ),
+        Invalid(
+            "accelerator = Accelerator()\ntrain_loader = accelerator.prepare(train_loader)\n"
+            "for batch in train_loader:\n    ids = batch['input_ids'].cuda()\n",
+            "accelerator = Accelerator()\ntrain_loader = accelerator.prepare(train_loader)\n"
+            "for batch in train_loader:\n    ids = batch['input_ids']\n",
+        ),
+        Invalid(
+            "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
+            "model.to(accelerator.device)\nmodel.train()\n",
+            "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\nmodel.train()\n",
+        ),
+    ]
+
+    def __init__(self, facts: Facts, reports: list[Report]) -> None:
+        super().__init__(facts, reports)
+        self._manual = False  # Accelerator(device_placement=...) given: placement is the user's
+        self._statement_call: cst.Call | None = None
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        """A bare ``model.to(device)`` statement: the fix drops the whole line."""
+        if len(node.body) == 1 and isinstance(node.body[0], cst.Expr):
+            call = node.body[0].value
+            if isinstance(call, cst.Call):
+                self._statement_call = call
+                self._check(call, statement=node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if callee_name(node) == "Accelerator" and keyword_arg(node, "device_placement"):
+            self._manual = True
+        if node is not self._statement_call:
+            self._check(node)
+
+    def _moved(self, call: cst.Call) -> Prepared | None:
+        """The prepared object ``call`` moves, if it is a device move of one."""
+        if not device_move(call):
+            return None
+        receiver = call.func.value  # type: ignore[attr-defined]
+        base = receiver.value if isinstance(receiver, cst.Subscript) else receiver
+        batch = self.facts.batch_of(base)
+        if batch is not None:
+            return batch
+        model = self.facts.prepared(receiver)
+        return model if model is not None and model.role is Role.MODEL else None
+
+    def _check(self, call: cst.Call, statement: cst.SimpleStatementLine | None = None) -> None:
+        prepared = None if self._manual else self._moved(call)
+        if prepared is None:
+            return
+        what = (
+            "the prepared model"
+            if prepared.role is Role.MODEL and prepared.name == dotted_name(call.func.value)  # type: ignore[attr-defined]
+            else f"a batch of `{prepared.name}`"
+        )
+        message = f"{what} is already on the accelerator's device; drop the move"
+        if statement is not None:
+            self.report(call, message, replace=statement, new=cst.RemovalSentinel.REMOVE)
+        else:
+            self.report(call, message, new=call.func.value)  # type: ignore[attr-defined]

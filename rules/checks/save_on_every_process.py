@@ -1,0 +1,126 @@
+"""ACL102 save-on-every-process."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.rules.build import method_call
+from accelify.rules.facts import RANK_NAMES, Facts, Where
+from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
+
+_WRITE_MODES = ("w", "a", "x")
+_WRITERS = frozenset({"save_file", "write_text", "write_bytes"})
+
+
+def _mentions_rank(node: cst.CSTNode) -> bool:
+    """A path built from the process index is a per-process file, which is fine."""
+    code = cst.Module([]).code_for_node(node)
+    return any(name in code for name in RANK_NAMES)
+
+
+class SaveOnEveryProcess(Rule):
+    """A file written on every process of a distributed run.
+
+    ## What it does
+    In a script that creates an `Accelerator`, flags `torch.save`, `save_pretrained`,
+    safetensors' `save_file`, `Path.write_text`/`write_bytes` and `open(..., "w")` that run on
+    every process: not under `if accelerator.is_main_process:` (or `is_local_main_process`, a
+    rank check, an early `return` on the other processes, `@accelerator.on_main_process`) and not
+    through `accelerator.save`.
+
+    ## Why is this bad?
+    Every process writes the same path at the same time: on a shared file system the file ends
+    up truncated or interleaved, and N copies cost N times the I/O.
+
+    ## Example
+    ```python
+    torch.save(state, "ckpt.pt")
+    ```
+
+    ## Use instead
+    ```python
+    accelerator.save(state, "ckpt.pt")  # writes on the main process only
+    ```
+
+    ## Fix safety
+    Unsafe (`torch.save` only): the other processes stop writing, which is the point, but code
+    that reads the file back on those processes needs `accelerator.wait_for_everyone()` first.
+    """
+
+    code = "ACL102"
+    name = "save-on-every-process"
+    severity = Severity.WARNING
+
+    VALID = [
+        "accelerator = Accelerator()\nif accelerator.is_main_process:\n    torch.save(s, 'a.pt')",
+        "accelerator = Accelerator()\naccelerator.save(s, 'a.pt')",
+        "accelerator = Accelerator()\n\ndef save(s):\n    if not accelerator.is_main_process:\n"
+        "        return\n    torch.save(s, 'a.pt')\n\nsave(1)",
+        "accelerator = Accelerator()\n\n@accelerator.on_main_process\ndef save(s):\n"
+        "    torch.save(s, 'a.pt')\n\nsave(1)",
+        "accelerator = Accelerator()\n\ndef save(s):\n    torch.save(s, 'a.pt')\n\n"
+        "if accelerator.is_main_process:\n    save(1)",
+        "accelerator = Accelerator()\nwith open('cfg.json') as f:\n    pass",
+        "accelerator = Accelerator()\n"
+        "with open(f'log_{accelerator.process_index}.txt', 'w') as f:\n    pass",
+        "accelerator = Accelerator()\n"
+        "model.save_pretrained('out', is_main_process=accelerator.is_main_process)",
+        "import torch\ntorch.save(s, 'a.pt')  # no Accelerator: one process",
+    ]
+    INVALID = [
+        Invalid(
+            "accelerator = Accelerator()\ntorch.save(state, 'a.pt')\n",
+            "accelerator = Accelerator()\naccelerator.save(state, 'a.pt')\n",
+        ),
+        Invalid("accelerator = Accelerator()\nwith open('out.txt', 'w') as f:\n    f.write('x')\n"),
+        Invalid(
+            "def main():\n    accelerator = Accelerator()\n    if accelerator.is_main_process:\n"
+            "        print('hi')\n    tokenizer.save_pretrained('out')\n\nmain()\n"
+        ),
+    ]
+
+    def __init__(self, facts: Facts, reports: list[Report]) -> None:
+        super().__init__(facts, reports)
+        self._candidates: list[tuple[cst.Call, Where, str | None]] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = callee_name(node)
+        if dotted_name(node.func) == "torch.save" and node.args:
+            self._add(node, "torch.save", fixable=True)
+        elif name == "save_pretrained" and keyword_arg(node, "is_main_process") is None:
+            self._add(node, "save_pretrained")
+        elif name in _WRITERS or (name == "open" and isinstance(node.func, cst.Name)):
+            if name != "open" or self._write_mode(node):
+                self._add(node, name)
+
+    def _add(self, node: cst.Call, what: str, fixable: bool = False) -> None:
+        if node.args and _mentions_rank(node.args[0].value):
+            return
+        accelerator = self.facts.accelerator_here() if fixable else None
+        self._candidates.append((node, self.facts.where(), accelerator))
+
+    @staticmethod
+    def _write_mode(call: cst.Call) -> bool:
+        mode = keyword_arg(call, "mode")
+        if mode is None and len(call.args) > 1 and call.args[1].keyword is None:
+            mode = call.args[1]
+        value = mode.value if mode is not None else None
+        return isinstance(value, cst.SimpleString) and any(
+            m in value.evaluated_value for m in _WRITE_MODES  # type: ignore[operator]
+        )
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.facts.creates_accelerator:
+            return
+        for call, where, accelerator in self._candidates:
+            if self.facts.runs_on(where) != "all":
+                continue
+            message = (
+                "every process writes this file; guard it with "
+                "`if accelerator.is_main_process:` or use `accelerator.save`"
+            )
+            if accelerator is None:
+                self.report(call, message)
+            else:
+                self.report(call, message, new=method_call(accelerator, "save", call.args), safe=False)

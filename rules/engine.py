@@ -1,0 +1,227 @@
+"""Parse once, run every selected rule in one traversal, drop suppressed findings, fix to a fixpoint.
+
+The traversal is a single libcst visitor that dispatches each node to the facts visitor and then to
+every rule that has a handler for that node type (Fixit's batched visitor). Positions are resolved
+only when something was found, because ``PositionProvider`` costs about as much as the parse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from accelify.rules.facts import Facts
+from accelify.rules.rule import Report, Rule, Severity
+
+# A file that mentions none of these cannot contain anything the rules look for.
+_RELEVANT = re.compile(r"\b(torch|accelerate|accelify|Accelerator|cuda)\b")
+_FILE_NOQA = re.compile(r"^[ \t]*#[ \t]*accelify:[ \t]*noqa\b", re.MULTILINE | re.IGNORECASE)
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
+MAX_FIX_PASSES = 10
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reported problem, in plain data so it can cross process boundaries."""
+
+    code: str
+    name: str
+    severity: Severity
+    message: str
+    line: int
+    column: int  # 1-based, like every linter's text output
+    end_line: int
+    end_column: int
+    fix: str | None = None  # "safe", "unsafe" or None when the rule offers none
+
+
+class _Dispatcher(cst.CSTVisitor):
+    """Calls ``visit_<Node>``/``leave_<Node>`` (and ``visit_<Node>_<field>``) on many visitors."""
+
+    def __init__(self, visitors: Sequence[object]) -> None:
+        super().__init__()
+        self._visit: dict[str, list[Callable[..., object]]] = defaultdict(list)
+        self._leave: dict[str, list[Callable[..., object]]] = defaultdict(list)
+        for visitor in visitors:
+            for attr in dir(type(visitor)):
+                if attr.startswith("visit_"):
+                    self._visit[attr[6:]].append(getattr(visitor, attr))
+                elif attr.startswith("leave_"):
+                    self._leave[attr[6:]].insert(0, getattr(visitor, attr))
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        for handler in self._visit.get(type(node).__name__, ()):
+            handler(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        for handler in self._leave.get(type(original_node).__name__, ()):
+            handler(original_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        for handler in self._visit.get(f"{type(node).__name__}_{attribute}", ()):
+            handler(node)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        for handler in self._leave.get(f"{type(original_node).__name__}_{attribute}", ()):
+            handler(original_node)
+
+
+def is_relevant(text: str) -> bool:
+    """Cheap text prefilter: skip files that cannot matter, and files opted out as a whole."""
+    return bool(_RELEVANT.search(text)) and not _FILE_NOQA.search(text)
+
+
+def parse(text: str) -> cst.Module:
+    """Parse or raise ``SyntaxError`` with a line number (libcst's own error is multi-line)."""
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as err:
+        raise SyntaxError(err.message, ("", err.raw_line, err.raw_column, "")) from None
+
+
+def run_rules(module: cst.Module, rules: Sequence[type[Rule]]) -> list[Report]:
+    """One traversal of ``module`` with the facts visitor and an instance of each rule."""
+    reports: list[Report] = []
+    facts = Facts()
+    module.visit(_Dispatcher([facts, *(rule(facts, reports) for rule in rules)]))
+    return reports
+
+
+def _suppressed(report: Report, line_text: str) -> bool:
+    match = _NOQA.search(line_text)
+    if match is None:
+        return False
+    codes = match.group("codes")
+    return codes is None or report.rule.code in re.split(r"[\s,]+", codes.upper())
+
+
+def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+
+
+def _unsuppressed(
+    reports: list[Report], positions: Mapping[cst.CSTNode, CodeRange], text: str
+) -> list[tuple[Report, CodeRange]]:
+    """``reports`` with their positions, minus those a ``# noqa`` comment on their line silences."""
+    lines = text.splitlines()
+    located = []
+    for report in reports:
+        where = positions[report.node]
+        line_text = lines[where.start.line - 1] if where.start.line <= len(lines) else ""
+        if not _suppressed(report, line_text):
+            located.append((report, where))
+    return located
+
+
+def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
+    """Findings for ``text``, sorted by position. Raises ``SyntaxError`` on unparsable input."""
+    if not rules or not is_relevant(text):
+        return []
+    module = parse(text)
+    reports = run_rules(module, rules)
+    if not reports:
+        return []
+    findings = []
+    for report, where in _unsuppressed(reports, _positions(module), text):
+        fix = None if report.new is None else "safe" if report.safe else "unsafe"
+        findings.append(
+            Finding(
+                report.rule.code,
+                report.rule.name,
+                report.rule.severity,
+                report.message,
+                where.start.line,
+                where.start.column + 1,
+                where.end.line,
+                where.end.column + 1,
+                fix,
+            )
+        )
+    return sorted(set(findings), key=lambda f: (f.line, f.column, f.code, f.message))
+
+
+class _Replacer(cst.CSTTransformer):
+    def __init__(self, edits: dict[int, cst.CSTNode | cst.RemovalSentinel]) -> None:
+        super().__init__()
+        self._edits = edits
+
+    def on_leave(
+        self, original_node: cst.CSTNode, updated_node: cst.CSTNode
+    ) -> cst.CSTNode | cst.RemovalSentinel:
+        return self._edits.get(id(original_node), updated_node)  # type: ignore[return-value]
+
+
+def _apply(module: cst.Module, chosen: Sequence[Report]) -> str | None:
+    """The code with ``chosen`` applied, or None if it would not compile."""
+    edits = {id(r.old): r.new for r in chosen if r.old is not None and r.new is not None}
+    code = module.visit(_Replacer(edits)).code
+    try:
+        compile(code, "<fixed>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    return code
+
+
+def fix(text: str, rules: Sequence[type[Rule]], unsafe: bool = False) -> tuple[str, list[str]]:
+    """Apply fixes until nothing changes; returns the new text and notes on dropped fixes.
+
+    Each pass applies the fixes whose spans do not overlap, then re-parses and re-lints, so a fix
+    inside another fix's span lands in the next pass instead of being lost.
+    """
+    notes: list[str] = []
+    blocked: set[tuple[str, str]] = set()
+    if not is_relevant(text):
+        return text, notes
+    for _ in range(MAX_FIX_PASSES):
+        module = parse(text)
+        wanted = [
+            r
+            for r in run_rules(module, rules)
+            if r.new is not None and (r.safe or unsafe) and _key(module, r) not in blocked
+        ]
+        if not wanted:
+            break
+        positions = _positions(module)
+        chosen = _non_overlapping(
+            [(r, positions[r.old]) for r, _ in _unsuppressed(wanted, positions, text)]  # type: ignore[index]
+        )
+        code = _apply(module, [r for r, _ in chosen])
+        if code is None:  # find the culprits one by one, keep the rest
+            good = []
+            for report, where in chosen:
+                if _apply(module, [report]) is None:
+                    blocked.add(_key(module, report))
+                    notes.append(
+                        f"{where.start.line}: {report.rule.code} fix dropped: "
+                        "it would produce invalid code"
+                    )
+                else:
+                    good.append(report)
+            code = _apply(module, good) if good else None
+        if code is None or code == text:
+            break
+        text = code
+    return text, notes
+
+
+def _key(module: cst.Module, report: Report) -> tuple[str, str]:
+    return report.rule.code, module.code_for_node(report.node)
+
+
+def _non_overlapping(
+    located: list[tuple[Report, CodeRange]],
+) -> list[tuple[Report, CodeRange]]:
+    chosen: list[tuple[Report, CodeRange]] = []
+    end = (0, 0)
+    for report, where in sorted(located, key=lambda x: (x[1].start.line, x[1].start.column)):
+        start = (where.start.line, where.start.column)
+        if start >= end:
+            chosen.append((report, where))
+            end = (where.end.line, where.end.column)
+    return chosen

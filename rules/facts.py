@@ -1,0 +1,404 @@
+"""What the rules share about an Accelerate-style script, gathered during the engine's one traversal.
+
+The facts visitor runs before every rule on each node (and leaves after them), so a rule looking at
+a statement sees everything above it in source order: which names hold an ``Accelerator``, which
+came out of ``accelerator.prepare`` (per function, rebinding forgets them), which names are batches
+of a prepared loader, and whether the statement sits under a main-process guard. Whether a whole
+function runs on one process or all is known only at the end (who calls it), so rules keep a
+:class:`Where` and ask :meth:`Facts.runs_on` in ``leave_Module``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from accelify.transform.patterns import Role, callee_name, constructor_role, dotted_name
+
+GUARD_ATTRS = frozenset({"is_main_process", "is_local_main_process"})
+RANK_NAMES = frozenset(
+    {"process_index", "local_process_index", "rank", "local_rank", "global_rank", "get_rank"}
+)
+GUARD_DECORATORS = frozenset({"on_main_process", "on_local_main_process"})
+PREPARE_ONE = {
+    "prepare_model": Role.MODEL,
+    "prepare_data_loader": Role.DATALOADER,
+    "prepare_optimizer": Role.OPTIMIZER,
+    "prepare_scheduler": Role.SCHEDULER,
+}
+# Calls that pass a loader's batches through unchanged: ``for i, batch in enumerate(tqdm(loader))``.
+_ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
+_EXITS = (cst.Return, cst.Continue, cst.Break, cst.Raise)
+_MODEL_WORDS = ("model", "net", "module", "encoder", "decoder", "unet", "vae", "transformer")
+
+RunsOn = Literal["main", "all", "unknown"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A name bound to the result of ``accelerator.prepare``."""
+
+    name: str
+    source: str | None  # the argument's dotted name, when it was a name
+    role: Role | None
+    accelerator: str  # the receiver of the prepare call
+    call: cst.Call
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a node sits: its innermost function and whether a main-process guard encloses it."""
+
+    function: cst.FunctionDef | None
+    guarded: bool
+
+
+@dataclass(eq=False)
+class _Scope:
+    node: cst.Module | cst.FunctionDef
+    params: frozenset[str]
+    guard: int = 0
+    prepared: dict[str, Prepared | None] = field(default_factory=dict)
+    parts: dict[str, Prepared | None] = field(default_factory=dict)  # batch name -> its loader
+    accelerators: set[str] = field(default_factory=set)
+    exits: list[int] = field(default_factory=list)  # per open block: guards added by early exits
+
+
+def name_role(name: str | None) -> Role | None:
+    """The role a conventional variable name suggests (``train_dataloader``, ``lr_scheduler``)."""
+    if not name:
+        return None
+    last = name.rsplit(".", 1)[-1].lower()
+    if "loader" in last or last == "dl" or last.endswith("_dl"):
+        return Role.DATALOADER
+    if "sched" in last:
+        return Role.SCHEDULER
+    if "optim" in last or last == "opt":
+        return Role.OPTIMIZER
+    if any(word in last for word in _MODEL_WORDS):
+        return Role.MODEL
+    return None
+
+
+def guard_polarity(test: cst.BaseExpression) -> int:
+    """+1 if ``test`` is true only on the main process, -1 if only elsewhere, 0 if unknown."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return -guard_polarity(test.expression)
+    if isinstance(test, cst.BooleanOperation):
+        sides = (guard_polarity(test.left), guard_polarity(test.right))
+        wanted = 1 if isinstance(test.operator, cst.And) else -1
+        return wanted if wanted in sides else 0
+    if isinstance(test, cst.Call):
+        return 1 if callee_name(test) in GUARD_ATTRS else 0
+    name = dotted_name(test)
+    if name is not None:
+        return 1 if name.rsplit(".", 1)[-1] in GUARD_ATTRS else 0
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        return _rank_comparison(test)
+    return 0
+
+
+def _rank_comparison(test: cst.Comparison) -> int:
+    left = test.left
+    left_name = callee_name(left) if isinstance(left, cst.Call) else dotted_name(left)
+    if left_name is None or left_name.rsplit(".", 1)[-1] not in RANK_NAMES:
+        return 0
+    target = test.comparisons[0]
+    op, right = target.operator, target.comparator
+    if isinstance(right, cst.Integer) and right.value == "0":
+        return 1 if isinstance(op, cst.Equal) else -1 if isinstance(op, cst.NotEqual) else 0
+    if isinstance(op, cst.In) and isinstance(right, (cst.List, cst.Tuple, cst.Set)):
+        values = {cst.Module([]).code_for_node(e.value) for e in right.elements}
+        return 1 if values <= {"0", "-1"} else 0
+    return 0
+
+
+def target_names(target: cst.BaseExpression) -> Iterator[str]:
+    """The dotted names a (possibly unpacking) assignment target binds."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from target_names(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from target_names(target.value)
+    else:
+        name = dotted_name(target)
+        if name is not None:
+            yield name
+
+
+def prepare_call(value: cst.BaseExpression | None, facts: Facts) -> cst.Call | None:
+    """``value`` as ``<accelerator>.prepare(...)``, else None."""
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value == "prepare"
+        and facts.is_accelerator(value.func.value)
+    ):
+        return value
+    return None
+
+
+class Facts:
+    """The facts visitor; the engine calls its handlers around every rule's."""
+
+    def __init__(self) -> None:
+        self.accelerators: dict[str, cst.Call] = {}
+        self.roles: dict[str, Role] = {}
+        self.prepare_calls: list[cst.Call] = []
+        self.prepared_anywhere: set[str] = set()  # argument names passed to any prepare call
+        self.functions: dict[str, list[cst.FunctionDef]] = {}
+        self.loader_loops: list[tuple[cst.For, Prepared]] = []
+        self._scopes: list[_Scope] = []
+        self._sites: list[tuple[str, Where]] = []  # a function name called or passed, and where
+        self._reach: dict[cst.FunctionDef, set[str]] | None = None
+
+    # -- questions rules ask -------------------------------------------------------------------
+
+    @property
+    def creates_accelerator(self) -> bool:
+        return bool(self.accelerators)
+
+    def is_accelerator(self, expr: cst.BaseExpression) -> bool:
+        name = dotted_name(expr)
+        return name is not None and (
+            name in self.accelerators or name.rsplit(".", 1)[-1] == "accelerator"
+        )
+
+    def prepared(self, expr: cst.BaseExpression) -> Prepared | None:
+        """What ``expr`` came out of ``prepare`` as, if it is a name bound to its result here."""
+        return self._lookup(dotted_name(expr), "prepared")
+
+    def batch_of(self, expr: cst.BaseExpression) -> Prepared | None:
+        """The prepared loader whose batch (or a part of one) the name ``expr`` holds."""
+        return self._lookup(dotted_name(expr), "parts")
+
+    def role(self, expr: cst.BaseExpression) -> Role | None:
+        prepared = self.prepared(expr)
+        if prepared is not None and prepared.role is not None:
+            return prepared.role
+        name = dotted_name(expr)
+        return self.roles.get(name) if name else None
+
+    def accelerator_here(self) -> str | None:
+        """The one accelerator name visible at this point, for fixes that must name it."""
+        names: set[str] = set()
+        for scope in self._scopes:
+            names |= scope.accelerators
+            names |= {p for p in scope.params if p == "accelerator"}
+        return names.pop() if len(names) == 1 else None
+
+    def where(self) -> Where:
+        scope = self._scopes[-1]
+        function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
+        return Where(function, scope.guard > 0)
+
+    def runs_on(self, where: Where) -> RunsOn:
+        """Whether code at ``where`` runs on the main process only, on all, or we cannot tell."""
+        if where.guarded:
+            return "main"
+        if where.function is None:
+            return "all"
+        reach = self._reachability().get(where.function, set())
+        return "all" if "all" in reach else "main" if "main" in reach else "unknown"
+
+    # -- scopes and guards ----------------------------------------------------------------------
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._scopes.append(_Scope(node, frozenset(), exits=[0]))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.setdefault(node.name.value, []).append(node)
+        p = node.params
+        params = frozenset(
+            x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)
+        ) | {x.name.value for x in (p.star_arg, p.star_kwarg) if isinstance(x, cst.Param)}
+        guarded = any(
+            callee_name(d.decorator) in GUARD_DECORATORS
+            if isinstance(d.decorator, cst.Call)
+            else (dotted_name(d.decorator) or "").rsplit(".", 1)[-1] in GUARD_DECORATORS
+            for d in node.decorators
+        )
+        self._scopes.append(_Scope(node, params, guard=int(guarded)))
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._scopes.pop()
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._scopes[-1].exits.append(0)
+
+    def leave_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        scope = self._scopes[-1]
+        scope.guard -= scope.exits.pop()
+
+    def visit_If_body(self, node: cst.If) -> None:
+        self._scopes[-1].guard += guard_polarity(node.test) > 0
+
+    def leave_If_body(self, node: cst.If) -> None:
+        self._scopes[-1].guard -= guard_polarity(node.test) > 0
+
+    def visit_If_orelse(self, node: cst.If) -> None:
+        self._scopes[-1].guard += guard_polarity(node.test) < 0
+
+    def leave_If_orelse(self, node: cst.If) -> None:
+        self._scopes[-1].guard -= guard_polarity(node.test) < 0
+
+    def leave_If(self, node: cst.If) -> None:
+        """``if not accelerator.is_main_process: return`` guards the rest of the block."""
+        body = node.body.body
+        last = body[-1] if body else None
+        exits = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], _EXITS)
+        if exits and node.orelse is None and guard_polarity(node.test) < 0:
+            scope = self._scopes[-1]
+            scope.guard += 1
+            scope.exits[-1] += 1
+
+    # -- bindings -------------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name):
+            self._sites.append((node.func.value, self.where()))
+        for arg in node.args:
+            if isinstance(arg.value, cst.Name):
+                self._sites.append((arg.value.value, self.where()))
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in {
+            "parameters",
+            "named_parameters",
+        }:
+            name = dotted_name(node.func.value)
+            if name is not None:
+                self.roles.setdefault(name, Role.MODEL)
+        call = prepare_call(node, self)
+        if call is not None:
+            self.prepare_calls.append(call)
+            self.prepared_anywhere |= {
+                n for a in call.args if (n := dotted_name(a.value)) is not None
+            }
+
+    def leave_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def leave_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def visit_For(self, node: cst.For) -> None:
+        loader, target = self._loader_loop(node.iter, node.target)
+        self._forget(target_names(node.target))
+        if loader is not None and target is not None:
+            self.loader_loops.append((node, loader))
+            for name in target_names(target):
+                self._scopes[-1].parts[name] = loader
+
+    def leave_For(self, node: cst.For) -> None:
+        if self.loader_loops and self.loader_loops[-1][0] is node:
+            self.loader_loops.pop()
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._forget(target_names(node.asname.name))
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        scope = self._scopes[-1]
+        names = list(target_names(target))
+        self._forget(names)
+        if isinstance(value, cst.Call) and callee_name(value) == "Accelerator" and names:
+            self.accelerators[names[0]] = value
+            scope.accelerators.add(names[0])
+            return
+        role = constructor_role(value)
+        if role is not None and len(names) == 1:
+            self.roles[names[0]] = role
+        call = prepare_call(value, self)
+        if call is not None and not isinstance(target, (cst.Tuple, cst.List)):
+            names = names[:1] if len(call.args) == 1 else []
+        if call is not None and len(names) == len(call.args):
+            for name, arg in zip(names, call.args, strict=True):
+                self._set_prepared(name, arg.value, call, None)
+            return
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and names:
+            method = value.func.attr.value
+            if method in PREPARE_ONE and value.args and self.is_accelerator(value.func.value):
+                self._set_prepared(names[0], value.args[0].value, value, PREPARE_ONE[method])
+            elif method == "skip_first_batches" and value.args:
+                loader = self.prepared(value.args[0].value)
+                scope.prepared[names[0]] = loader
+        source = value.value if isinstance(value, (cst.Subscript, cst.Attribute)) else value
+        loader = self.batch_of(source) if isinstance(source, (cst.Name, cst.Attribute)) else None
+        for name in names:
+            scope.parts[name] = loader
+
+    def _set_prepared(
+        self, name: str, arg: cst.BaseExpression, call: cst.Call, role: Role | None
+    ) -> None:
+        source = dotted_name(arg)
+        if role is None:
+            role = constructor_role(arg) or (self.roles.get(source) if source else None)
+            role = role or name_role(source) or name_role(name)
+        if role is not None:
+            self.roles.setdefault(name, role)
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else call.func
+        accelerator = dotted_name(receiver) or "accelerator"
+        self._scopes[-1].prepared[name] = Prepared(name, source, role, accelerator, call)
+
+    def _forget(self, names: Iterator[str] | list[str]) -> None:
+        scope = self._scopes[-1]
+        for name in names:
+            scope.prepared[name] = None
+            scope.parts[name] = None
+            scope.accelerators.discard(name)
+
+    def _loader_loop(
+        self, iterable: cst.BaseExpression, target: cst.BaseExpression
+    ) -> tuple[Prepared | None, cst.BaseExpression | None]:
+        """The prepared loader a ``for`` walks and the part of its target bound to batches."""
+        while isinstance(iterable, cst.Call) and callee_name(iterable) in _ITER_WRAPPERS:
+            if not iterable.args:
+                return None, None
+            if callee_name(iterable) == "enumerate":
+                if not isinstance(target, cst.Tuple) or len(target.elements) != 2:
+                    return None, None
+                target = target.elements[1].value
+            iterable = iterable.args[0].value
+        loader = self.prepared(iterable)
+        if loader is None or loader.role is not Role.DATALOADER:
+            return None, None
+        return loader, target
+
+    def _lookup(self, name: str | None, kind: Literal["prepared", "parts"]) -> Prepared | None:
+        if name is None:
+            return None
+        for scope in reversed(self._scopes):
+            table = getattr(scope, kind)
+            if name in table:
+                return table[name]
+            if name.split(".", 1)[0] in scope.params:
+                return None
+        return None
+
+    def _reachability(self) -> dict[cst.FunctionDef, set[str]]:
+        """For each function: does some call run it on all processes, on the main one, or both."""
+        if self._reach is not None:
+            return self._reach
+        reach: dict[cst.FunctionDef, set[str]] = {}
+        changed = True
+        while changed:
+            changed = False
+            for name, where in self._sites:
+                for function in self.functions.get(name, ()):
+                    if where.function is function:
+                        continue
+                    if where.guarded:
+                        new = {"main"}
+                    elif where.function is None:
+                        new = {"all"}
+                    else:
+                        new = reach.get(where.function, set())
+                    if not new <= reach.setdefault(function, set()):
+                        reach[function] |= new
+                        changed = True
+        self._reach = reach
+        return reach
