@@ -410,3 +410,11 @@ def test_real_check_finds_the_script_needs_converting() -> None:
     result = run("--check", "a.py")
     assert result.exit_code == 1
     assert "1 file would be converted" in result.stderr
+
+
+def test_the_cli_never_imports_torch() -> None:
+    code = "import sys, accelify.transform.cli; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
