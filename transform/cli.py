@@ -65,6 +65,7 @@ _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green")
 app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,  # plain help and one greppable "Error:" line, never a boxed panel
+    pretty_exceptions_show_locals=False,  # a bug's traceback must not dump whole sources
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
