@@ -27,3 +27,16 @@ def last_arg(args: Sequence[cst.Arg]) -> list[cst.Arg]:
     if not args:
         return []
     return [*args[:-1], args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+
+
+def with_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``keyword=value`` appended to its arguments."""
+    arg = cst.Arg(
+        value,
+        keyword=cst.Name(keyword),
+        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+    )
+    args = list(call.args)
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, arg])

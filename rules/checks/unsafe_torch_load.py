@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from accelify.rules.build import with_keyword
 from accelify.rules.rule import Invalid, Rule, Severity
 from accelify.transform.patterns import dotted_name, keyword_arg
 
@@ -60,12 +61,5 @@ class UnsafeTorchLoad(Rule):
             if not (isinstance(given.value, cst.Name) and given.value.value == "True"):
                 self.report(node, message)
             return
-        weights_only = cst.Arg(
-            cst.Name("True"),
-            keyword=cst.Name("weights_only"),
-            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-        )
-        args = list(node.args)
-        if args:
-            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        self.report(node, message, new=node.with_changes(args=[*args, weights_only]))
+        new = with_keyword(node, "weights_only", cst.Name("True"))
+        self.report(node, message, new=new, safe=False)

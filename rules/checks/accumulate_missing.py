@@ -1,0 +1,134 @@
+"""ACL203 accumulate-missing."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.rules.facts import Facts, name_role
+from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.transform.patterns import Role, callee_name, keyword_arg
+
+# Calls that show the script handles gradient sync itself.
+_ACCUMULATION_APIS = frozenset({"accumulate", "no_sync"})
+
+
+class AccumulateMissing(Rule):
+    """Gradient accumulation asked for but not done the Accelerate way.
+
+    ## What it does
+    Flags `Accelerator(gradient_accumulation_steps=N)` (N not 1) in a script that never enters
+    `accelerator.accumulate(model)`, and a manual `if (step + 1) % N == 0: optimizer.step()` in a
+    script that creates an `Accelerator` but does not use `accumulate()`.
+
+    ## Why is this bad?
+    Without `accumulate()`, `gradient_accumulation_steps` still divides every loss by N but the
+    optimizer steps on every batch: a silent N-fold learning-rate cut. The manual modulo loop
+    all-reduces gradients on every micro-batch instead of once per step, wasting most of the
+    communication, and its last partial window is never stepped.
+
+    ## Example
+    ```python
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    for batch in loader:
+        accelerator.backward(model(batch))
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(batch))
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+    """
+
+    code = "ACL203"
+    name = "accumulate-missing"
+    severity = Severity.WARNING
+
+    VALID = [
+        "accelerator = Accelerator(gradient_accumulation_steps=4)\nfor b in dl:\n"
+        "    with accelerator.accumulate(model):\n        optimizer.step()",
+        "accelerator = Accelerator(gradient_accumulation_steps=1)\noptimizer.step()",
+        "optimizer = SGD(p)\nfor i, b in enumerate(dl):\n    if (i + 1) % 4 == 0:\n"
+        "        optimizer.step()  # no Accelerator",
+        "accelerator = Accelerator()\nfor i, b in enumerate(dl):\n    if i % 100 == 0:\n"
+        "        print(i)",
+    ]
+    INVALID = [
+        Invalid(
+            "accelerator = Accelerator(gradient_accumulation_steps=args.accum)\nfor b in dl:\n"
+            "    optimizer.step()\n"
+        ),
+        Invalid(
+            "accelerator = Accelerator()\noptimizer = AdamW(model.parameters())\n"
+            "for i, b in enumerate(dl):\n    if (i + 1) % accum == 0:\n"
+            "        optimizer.step()\n        optimizer.zero_grad()\n"
+        ),
+    ]
+
+    def __init__(self, facts: Facts, reports: list[Report]) -> None:
+        super().__init__(facts, reports)
+        self._uses_accumulate = False
+        self._steps_asked: list[cst.Arg] = []
+        self._manual: list[cst.BaseExpression] = []
+        self._modulo_ifs: list[cst.If] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = callee_name(node)
+        if name in _ACCUMULATION_APIS:
+            self._uses_accumulate = True
+        elif name == "Accelerator":
+            steps = keyword_arg(node, "gradient_accumulation_steps")
+            if steps is not None and not (
+                isinstance(steps.value, cst.Integer) and int(steps.value.value) <= 1
+            ):
+                self._steps_asked.append(steps)
+        elif name == "step" and self._modulo_ifs and isinstance(node.func, cst.Attribute):
+            receiver = node.func.value
+            role = self.facts.role(receiver) or name_role(getattr(receiver, "value", None))
+            if role is Role.OPTIMIZER and self._modulo_ifs[-1].test not in self._manual:
+                self._manual.append(self._modulo_ifs[-1].test)
+
+    def visit_If(self, node: cst.If) -> None:
+        if _is_modulo_zero(node.test):
+            self._modulo_ifs.append(node)
+
+    def leave_If(self, node: cst.If) -> None:
+        if self._modulo_ifs and self._modulo_ifs[-1] is node:
+            self._modulo_ifs.pop()
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if self._uses_accumulate:
+            return
+        for steps in self._steps_asked:
+            self.report(
+                steps,
+                "`gradient_accumulation_steps` without `accelerator.accumulate(model)`: the loss "
+                "is divided but the optimizer steps every batch",
+            )
+        if self.facts.creates_accelerator:
+            for test in self._manual:
+                self.report(
+                    test,
+                    "manual gradient accumulation syncs gradients on every batch; use "
+                    "`Accelerator(gradient_accumulation_steps=N)` and `accelerator.accumulate`",
+                )
+
+
+def _is_modulo_zero(test: cst.BaseExpression) -> bool:
+    """``(step + 1) % n == 0`` and friends."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    left = test.left
+    return (
+        isinstance(target.operator, cst.Equal)
+        and isinstance(target.comparator, cst.Integer)
+        and target.comparator.value == "0"
+        and isinstance(left, cst.BinaryOperation)
+        and isinstance(left.operator, cst.Modulo)
+    )
