@@ -114,6 +114,11 @@ class Accelerator:
         self._shared.sync_gradients = value
 
     @property
+    def gradient_state(self) -> StepState:
+        """``sync_gradients``, ``end_of_dataloader`` and ``remainder``, as in HF Accelerate."""
+        return self._shared
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last step of any prepared optimizer was skipped (fp16 inf/nan)."""
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)

@@ -26,7 +26,6 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.step_was_skipped = False
         self._shared, self._precision = shared, precision
-        precision.setup_optimizer(optimizer)
 
     @property
     def state(self) -> Any:  # type: ignore[override]

@@ -8,7 +8,6 @@ step the scaler skipped because of inf/nan gradients.
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +32,6 @@ class Precision:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         loss.backward(**kwargs)
-
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called once per prepared optimizer."""
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true scale before clipping them."""
@@ -87,20 +83,10 @@ class GradScaling(Autocast):
         super().__init__(device)
         self.scaler = torch.amp.GradScaler(device.type)
         self._stepped = False
+        self._original_step: Callable = lambda: None
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         self.scaler.scale(loss).backward(**kwargs)
-
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Note when the scaler lets ``optimizer.step`` through (it skips it on inf/nan)."""
-        original = optimizer.step
-        precision = self
-
-        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            precision._stepped = True
-            return original(*args, **kwargs)
-
-        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         self.scaler.unscale_(optimizer)
@@ -108,10 +94,24 @@ class GradScaling(Autocast):
     def step(self, optimizer: torch.optim.Optimizer, closure: Callable | None) -> bool:
         if closure is not None:
             raise ValueError("optimizer closures are not supported with fp16 mixed precision")
-        self._stepped = False
-        self.scaler.step(optimizer)
+        # The scaler calls optimizer.step only for finite gradients: watch it do so, through a
+        # stand-in put back right after, so schedulers' own step wrappers stay intact.
+        own_attribute = "step" in vars(optimizer)
+        self._original_step, self._stepped = optimizer.step, False
+        optimizer.step = self._counting_step  # type: ignore[method-assign]
+        try:
+            self.scaler.step(optimizer)
+        finally:
+            if own_attribute:
+                optimizer.step = self._original_step  # type: ignore[method-assign]
+            else:
+                del optimizer.step
         self.scaler.update()
         return self._stepped
+
+    def _counting_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._stepped = True
+        return self._original_step(*args, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict()

@@ -44,11 +44,22 @@ class ShardedBatchSampler(BatchSampler):
     def __len__(self) -> int:
         total = len(self.batch_sampler)  # type: ignore[arg-type]
         if self.split_batches:
-            return total
+            return total - (0 if self.even_batches else self._empty_tail())
         rounds, left = divmod(total, self.num_processes)
         if left == 0 or self.drop_last:
             return rounds
         return rounds + (1 if self.even_batches or self.process_index < left else 0)
+
+    def _empty_tail(self) -> int:
+        """1 when ``even_batches=False`` leaves this process nothing of the short last batch.
+
+        (HF Accelerate still counts that batch in ``len()``; here ``len()`` is what iterates.)
+        """
+        if self.drop_last or not hasattr(self.sampler, "__len__"):
+            return 0
+        tail = len(self.sampler) % self.batch_size  # type: ignore[arg-type, operator]
+        share = self.batch_size // self.num_processes  # type: ignore[operator]
+        return 1 if 0 < tail <= share * self.process_index else 0
 
     def __iter__(self) -> Iterator[list]:
         return self._split() if self.split_batches else self._interleave()
