@@ -38,5 +38,7 @@ def with_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst
     )
     args = list(call.args)
     if args:
-        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args[-1] = args[-1].with_changes(
+            comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
     return call.with_changes(args=[*args, arg])

@@ -1,4 +1,4 @@
-"""Parse once, run every selected rule in one traversal, drop suppressed findings, fix to a fixpoint.
+"""Parse once, run every selected rule in one traversal, drop suppressed findings, fix to fixpoint.
 
 The traversal is a single libcst visitor that dispatches each node to the facts visitor and then to
 every rule that has a handler for that node type (Fixit's batched visitor). Positions are resolved
@@ -7,6 +7,7 @@ only when something was found, because ``PositionProvider`` costs about as much 
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,8 @@ class Finding:
     end_line: int
     end_column: int
     fix: str | None = None  # "safe", "unsafe" or None when the rule offers none
+    source: str = ""  # the text of ``line``, for excerpts and fingerprints
+    cell: int | None = None  # notebooks: the code cell, and ``line`` counts within it
 
 
 class _Dispatcher(cst.CSTVisitor):
@@ -78,10 +81,11 @@ def is_relevant(text: str) -> bool:
 
 
 def parse(text: str) -> cst.Module:
-    """Parse or raise ``SyntaxError`` with a line number (libcst's own error is multi-line)."""
+    """Parse, or raise ``SyntaxError`` with CPython's message (libcst's lists token sets)."""
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as err:
+        compile(text, "<lint>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)  # better words
         raise SyntaxError(err.message, ("", err.raw_line, err.raw_column, "")) from None
 
 
@@ -128,6 +132,7 @@ def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
     if not reports:
         return []
     findings = []
+    lines = text.splitlines()
     for report, where in _unsuppressed(reports, _positions(module), text):
         fix = None if report.new is None else "safe" if report.safe else "unsafe"
         findings.append(
@@ -141,6 +146,7 @@ def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
                 where.end.line,
                 where.end.column + 1,
                 fix,
+                lines[where.start.line - 1] if where.start.line <= len(lines) else "",
             )
         )
     return sorted(set(findings), key=lambda f: (f.line, f.column, f.code, f.message))

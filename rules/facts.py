@@ -1,4 +1,4 @@
-"""What the rules share about an Accelerate-style script, gathered during the engine's one traversal.
+"""What the rules share about an Accelerate-style script, gathered in the engine's one traversal.
 
 The facts visitor runs before every rule on each node (and leaves after them), so a rule looking at
 a statement sees everything above it in source order: which names hold an ``Accelerator``, which

@@ -27,7 +27,7 @@ class Severity(str, Enum):
 
 @dataclass(frozen=True)
 class Invalid:
-    """A snippet the rule must flag; ``fixed`` is what ``--fix --unsafe-fixes`` must turn it into."""
+    """A snippet the rule must flag; ``fixed``: what ``--fix --unsafe-fixes`` must make of it."""
 
     code: str
     fixed: str | None = None
@@ -40,7 +40,7 @@ class Report:
     rule: type[Rule]
     node: cst.CSTNode
     message: str
-    # ``old`` is replaced by ``new`` (or removed, for a whole statement line) when the fix is applied.
+    # The fix replaces ``old`` by ``new`` (or removes it, for a whole statement line).
     old: cst.CSTNode | None = None
     new: cst.CSTNode | cst.RemovalSentinel | None = None
     safe: bool = True
@@ -53,8 +53,8 @@ class Rule:
     name: ClassVar[str]
     severity: ClassVar[Severity] = Severity.WARNING
     enabled_by_default: ClassVar[bool] = True
-    VALID: ClassVar[list[str]] = []
-    INVALID: ClassVar[list[Invalid]] = []
+    VALID: ClassVar[tuple[str, ...]] = ()
+    INVALID: ClassVar[tuple[Invalid, ...]] = ()
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         self.facts = facts

@@ -49,7 +49,7 @@ class AccumulateMissing(Rule):
     name = "accumulate-missing"
     severity = Severity.WARNING
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator(gradient_accumulation_steps=4)\nfor b in dl:\n"
         "    with accelerator.accumulate(model):\n        optimizer.step()",
         "accelerator = Accelerator(gradient_accumulation_steps=1)\noptimizer.step()",
@@ -57,8 +57,8 @@ class AccumulateMissing(Rule):
         "        optimizer.step()  # no Accelerator",
         "accelerator = Accelerator()\nfor i, b in enumerate(dl):\n    if i % 100 == 0:\n"
         "        print(i)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator(gradient_accumulation_steps=args.accum)\nfor b in dl:\n"
             "    optimizer.step()\n"
@@ -68,7 +68,7 @@ class AccumulateMissing(Rule):
             "for i, b in enumerate(dl):\n    if (i + 1) % accum == 0:\n"
             "        optimizer.step()\n        optimizer.zero_grad()\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

@@ -40,13 +40,13 @@ class BackwardBypass(Rule):
     name = "backward-bypass"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\naccelerator.backward(loss)",
         "import torch\nloss = model(x).sum()\nloss.backward()  # no Accelerator: plain PyTorch",
         "accelerator = Accelerator()\nengine.backward(loss)  # a DeepSpeed engine takes the loss",
         "accelerator = Accelerator()\ntorch.autograd.backward(loss)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nloss = model(x).sum()\nloss.backward()\n",
             "accelerator = Accelerator()\nloss = model(x).sum()\naccelerator.backward(loss)\n",
@@ -59,7 +59,7 @@ class BackwardBypass(Rule):
             "def step(model, batch):\n    model(batch).loss.backward()\n\n"
             "def main():\n    accelerator = Accelerator()\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

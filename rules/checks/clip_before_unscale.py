@@ -5,8 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.facts import Facts
-from accelify.transform.patterns import Role, callee_name, dotted_name
 from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.transform.patterns import Role, callee_name, dotted_name
 
 _CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
 
@@ -44,19 +44,19 @@ class ClipBeforeUnscale(Rule):
     name = "clip-before-unscale"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "scaler = GradScaler()\nscaler.scale(loss).backward()\nscaler.unscale_(opt)\n"
         "clip_grad_norm_(model.parameters(), 1.0)\nscaler.step(opt)",
         "loss.backward()\nclip_grad_norm_(model.parameters(), 1.0)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "import torch\nscaler = torch.cuda.amp.GradScaler()\nfor x in dl:\n"
             "    scaler.scale(loss).backward()\n"
             "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
             "    scaler.step(opt)\n    scaler.update()\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

@@ -43,12 +43,12 @@ class ClipGradBypass(Rule):
     name = "clip-grad-bypass"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "accelerator.clip_grad_norm_(model.parameters(), 1.0)",
         "model = Net()\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # not prepared",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(model, opt)\n"
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n",
@@ -65,7 +65,7 @@ class ClipGradBypass(Rule):
             "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
             "nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)\n"
         ),
-    ]
+    )
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func

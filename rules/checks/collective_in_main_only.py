@@ -56,29 +56,26 @@ class CollectiveInMainOnly(Rule):
     name = "collective-in-main-only"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\naccelerator.wait_for_everyone()\n"
         "if accelerator.is_main_process:\n    torch.save(s, 'a.pt')",
         "accelerator = Accelerator()\nif accelerator.is_main_process:\n    print('done')\n"
         "else:\n    pass\naccelerator.wait_for_everyone()",
         "accelerator = Accelerator()\n\ndef evaluate():\n    return accelerator.gather(x)\n\n"
         "evaluate()\nif accelerator.is_main_process:\n    print(1)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nif accelerator.is_main_process:\n"
             "    accelerator.wait_for_everyone()\n"
         ),
-        Invalid(
-            "import torch.distributed as dist\n"
-            "if dist.get_rank() == 0:\n    dist.barrier()\n"
-        ),
+        Invalid("import torch.distributed as dist\nif dist.get_rank() == 0:\n    dist.barrier()\n"),
         Invalid(
             "accelerator = Accelerator()\n\ndef finish(model):\n"
             "    accelerator.save_model(model, 'out')\n\n"
             "if accelerator.is_local_main_process:\n    finish(model)\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

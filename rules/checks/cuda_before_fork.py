@@ -99,15 +99,15 @@ class CudaBeforeFork(Rule):
     name = "cuda-before-fork"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "import torch\nif torch.cuda.is_available():\n    n = torch.cuda.device_count()\n"
         "notebook_launcher(train, num_processes=n)",
         "def train():\n    model = Net().cuda()\n\nnotebook_launcher(train, num_processes=2)",
         "import torch\nx = torch.ones(2).cuda()\n"
         "torch.multiprocessing.spawn(train, nprocs=2)  # spawn starts clean interpreters",
         "notebook_launcher(train, num_processes=2)\nx = torch.ones(2).cuda()",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid("model = Net().to('cuda')\nnotebook_launcher(train, num_processes=2)\n"),
         Invalid("accelerator = Accelerator()\nnotebook_launcher(train, num_processes=2)\n"),
         Invalid(
@@ -118,7 +118,7 @@ class CudaBeforeFork(Rule):
             "import torch\nx = torch.zeros(3, device='cuda:0')\n\ndef main():\n"
             "    p = mp.get_context('fork').Process(target=work)\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

@@ -66,8 +66,9 @@ class MetricWithoutGather(Rule):
     name = "metric-without-gather"
     severity = Severity.WARNING
 
-    VALID = [
-        "accelerator = Accelerator()\neval_dl = accelerator.prepare(eval_dl)\nfor batch in eval_dl:\n"
+    VALID = (
+        "accelerator = Accelerator()\neval_dl = accelerator.prepare(eval_dl)\n"
+        "for batch in eval_dl:\n"
         "    preds = model(batch).argmax(-1)\n"
         "    preds, refs = accelerator.gather_for_metrics((preds, batch['labels']))\n"
         "    metric.add_batch(predictions=preds, references=refs)",
@@ -79,8 +80,8 @@ class MetricWithoutGather(Rule):
         "accelerator = Accelerator()\neval_dl = accelerator.prepare(eval_dl)\nlosses = []\n"
         "for batch in eval_dl:\n    loss = model(batch)\n"
         "    losses.append(accelerator.gather_for_metrics(loss.repeat(8)))",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nmodel, eval_dataloader = accelerator.prepare(model, "
             "eval_dataloader)\nmetric = evaluate.load('accuracy')\nfor batch in eval_dataloader:\n"
@@ -93,7 +94,7 @@ class MetricWithoutGather(Rule):
             "        correct += (model(x).argmax(-1) == y).sum().item()\n"
             "print(correct / len(dataset))\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

@@ -34,16 +34,18 @@ class PrepareArity(Rule):
     name = "prepare-arity"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(model, opt)",
         "accelerator = Accelerator()\nobjs = accelerator.prepare(*objs)",
         "accelerator = Accelerator()\nmodel, *rest = accelerator.prepare(model, opt, dl)",
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid("accelerator = Accelerator()\nmodel, opt = accelerator.prepare(model, opt, dl)\n"),
-        Invalid("accelerator = Accelerator()\n(model, opt, dl) = accelerator.prepare(model, opt)\n"),
-    ]
+        Invalid(
+            "accelerator = Accelerator()\n(model, opt, dl) = accelerator.prepare(model, opt)\n"
+        ),
+    )
 
     def visit_Assign(self, node: cst.Assign) -> None:
         call = prepare_call(node.value, self.facts)

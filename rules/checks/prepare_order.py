@@ -5,8 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.facts import name_role, prepare_call
-from accelify.transform.patterns import dotted_name
 from accelify.rules.rule import Invalid, Rule, Severity
+from accelify.transform.patterns import dotted_name
 
 
 class PrepareOrder(Rule):
@@ -39,21 +39,21 @@ class PrepareOrder(Rule):
     name = "prepare-order"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(model, opt)",
         "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(net, adam)",
         "accelerator = Accelerator()\nteacher, student = accelerator.prepare(teacher_model, model)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
-            "accelerator = Accelerator()\nmodel, optimizer = accelerator.prepare(optimizer, model)\n",
-            "accelerator = Accelerator()\noptimizer, model = accelerator.prepare(optimizer, model)\n",
+            "acc = Accelerator()\nmodel, optimizer = acc.prepare(optimizer, model)\n",
+            "acc = Accelerator()\noptimizer, model = acc.prepare(optimizer, model)\n",
         ),
         Invalid(
             "accelerator = Accelerator()\n"
             "model, train_loader = accelerator.prepare(train_dataloader, net)\n"
         ),
-    ]
+    )
 
     def visit_Assign(self, node: cst.Assign) -> None:
         call = prepare_call(node.value, self.facts)
@@ -66,13 +66,21 @@ class PrepareOrder(Rule):
             return
         message = "`prepare` returns objects in argument order; these targets are swapped"
         if sorted(targets) == sorted(args) and targets != args:  # type: ignore[type-var]
-            elements = [e.with_changes(value=cst.parse_expression(a)) for e, a in zip(target.elements, args, strict=True)]  # type: ignore[arg-type]
+            elements = [
+                e.with_changes(value=cst.parse_expression(a))
+                for e, a in zip(target.elements, args, strict=True)
+            ]  # type: ignore[arg-type]
             new = node.with_changes(
-                targets=[node.targets[0].with_changes(target=target.with_changes(elements=elements))]
+                targets=[
+                    node.targets[0].with_changes(target=target.with_changes(elements=elements))
+                ]
             )
             self.report(node, message, new=new)
             return
-        roles = [(name_role(t), self._role(a, arg)) for t, a, arg in zip(targets, args, call.args, strict=True)]
+        roles = [
+            (name_role(t), self._role(a, arg))
+            for t, a, arg in zip(targets, args, call.args, strict=True)
+        ]
         clash = [i for i, (want, got) in enumerate(roles) if want and got and want is not got]
         if len(clash) >= 2:
             self.report(node, message)

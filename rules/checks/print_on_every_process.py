@@ -40,18 +40,18 @@ class PrintOnEveryProcess(Rule):
     severity = Severity.INFO
     enabled_by_default = False
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\naccelerator.print('hi')",
         "accelerator = Accelerator()\nif accelerator.is_local_main_process:\n    print('hi')",
         "accelerator = Accelerator()\nprint('hi', file=log)",
         "print('hi')  # no Accelerator",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nprint('epoch', epoch)\n",
             "accelerator = Accelerator()\naccelerator.print('epoch', epoch)\n",
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

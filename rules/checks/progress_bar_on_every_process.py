@@ -44,19 +44,19 @@ class ProgressBarOnEveryProcess(Rule):
     severity = Severity.INFO
     enabled_by_default = False
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nfor b in tqdm(dl, disable=not accelerator.is_main_process):"
         "\n    pass",
         "for b in tqdm(dl):\n    pass  # no Accelerator",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nfor b in tqdm(dl, desc='train'):\n    pass\n",
             "accelerator = Accelerator()\n"
             "for b in tqdm(dl, desc='train', disable=not accelerator.is_local_main_process):\n"
             "    pass\n",
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
@@ -72,7 +72,10 @@ class ProgressBarOnEveryProcess(Rule):
         for call, where, accelerator in self._candidates:
             if self.facts.runs_on(where) != "all":
                 continue
-            message = "every process draws this progress bar; pass `disable=not accelerator.is_local_main_process`"
+            message = (
+                "every process draws this progress bar; "
+                "pass `disable=not accelerator.is_local_main_process`"
+            )
             if accelerator is None:
                 self.report(call, message)
                 continue

@@ -32,11 +32,15 @@ def device_move(call: cst.Call) -> bool:
     positional = [a for a in call.args if a.keyword is None]
     keywords = {a.keyword.value for a in call.args if a.keyword is not None}
     if positional:
-        return len(positional) == 1 and _is_device(positional[0].value) and keywords <= {
-            "non_blocking"
-        }
+        return (
+            len(positional) == 1
+            and _is_device(positional[0].value)
+            and keywords <= {"non_blocking"}
+        )
     device = keyword_arg(call, "device")
-    return device is not None and _is_device(device.value) and keywords <= {"device", "non_blocking"}
+    return (
+        device is not None and _is_device(device.value) and keywords <= {"device", "non_blocking"}
+    )
 
 
 class RedundantDeviceMove(Rule):
@@ -72,15 +76,15 @@ class RedundantDeviceMove(Rule):
     name = "redundant-device-move"
     severity = Severity.WARNING
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nmodel = Net().to(device)\nmodel = accelerator.prepare(model)",
         "accelerator = Accelerator()\ndl = accelerator.prepare(dl)\nfor x, y in dl:\n"
         "    x = x.to(torch.float16)",
         "accelerator = Accelerator(device_placement=False)\ndl = accelerator.prepare(dl)\n"
         "for batch in dl:\n    batch = batch.to(accelerator.device)",
         "accelerator = Accelerator()\nfor batch in raw_loader:\n    batch = batch.to(device)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nmodel, dl = accelerator.prepare(model, dl)\n"
             "for step, (x, y) in enumerate(dl):\n    x = x.to(device)\n    out = model(x)\n",
@@ -98,7 +102,7 @@ class RedundantDeviceMove(Rule):
             "model.to(accelerator.device)\nmodel.train()\n",
             "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\nmodel.train()\n",
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

@@ -52,7 +52,7 @@ class SaveOnEveryProcess(Rule):
     name = "save-on-every-process"
     severity = Severity.WARNING
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nif accelerator.is_main_process:\n    torch.save(s, 'a.pt')",
         "accelerator = Accelerator()\naccelerator.save(s, 'a.pt')",
         "accelerator = Accelerator()\n\ndef save(s):\n    if not accelerator.is_main_process:\n"
@@ -67,8 +67,8 @@ class SaveOnEveryProcess(Rule):
         "accelerator = Accelerator()\n"
         "model.save_pretrained('out', is_main_process=accelerator.is_main_process)",
         "import torch\ntorch.save(s, 'a.pt')  # no Accelerator: one process",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\ntorch.save(state, 'a.pt')\n",
             "accelerator = Accelerator()\naccelerator.save(state, 'a.pt')\n",
@@ -78,7 +78,7 @@ class SaveOnEveryProcess(Rule):
             "def main():\n    accelerator = Accelerator()\n    if accelerator.is_main_process:\n"
             "        print('hi')\n    tokenizer.save_pretrained('out')\n\nmain()\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
@@ -90,9 +90,10 @@ class SaveOnEveryProcess(Rule):
             self._add(node, "torch.save", fixable=True)
         elif name == "save_pretrained" and keyword_arg(node, "is_main_process") is None:
             self._add(node, "save_pretrained")
-        elif name in _WRITERS or (name == "open" and isinstance(node.func, cst.Name)):
-            if name != "open" or self._write_mode(node):
-                self._add(node, name)
+        elif name in _WRITERS or (
+            name == "open" and isinstance(node.func, cst.Name) and self._write_mode(node)
+        ):
+            self._add(node, name)
 
     def _add(self, node: cst.Call, what: str, fixable: bool = False) -> None:
         if node.args and _mentions_rank(node.args[0].value):
@@ -107,7 +108,8 @@ class SaveOnEveryProcess(Rule):
             mode = call.args[1]
         value = mode.value if mode is not None else None
         return isinstance(value, cst.SimpleString) and any(
-            m in value.evaluated_value for m in _WRITE_MODES  # type: ignore[operator]
+            m in value.evaluated_value
+            for m in _WRITE_MODES  # type: ignore[operator]
         )
 
     def leave_Module(self, node: cst.Module) -> None:
@@ -123,4 +125,6 @@ class SaveOnEveryProcess(Rule):
             if accelerator is None:
                 self.report(call, message)
             else:
-                self.report(call, message, new=method_call(accelerator, "save", call.args), safe=False)
+                self.report(
+                    call, message, new=method_call(accelerator, "save", call.args), safe=False
+                )

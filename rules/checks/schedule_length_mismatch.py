@@ -45,17 +45,18 @@ class ScheduleLengthMismatch(Rule):
     name = "schedule-length-mismatch"
     severity = Severity.WARNING
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nsteps = epochs * len(train_dl)\n"
         "sched = get_scheduler('linear', opt, 0, steps)\n"
         "model, opt, train_dl, sched = accelerator.prepare(model, opt, train_dl, sched)",
-        "accelerator = Accelerator()\nmodel, opt, train_dl = accelerator.prepare(model, opt, train_dl)\n"
+        "accelerator = Accelerator()\n"
+        "model, opt, train_dl = accelerator.prepare(model, opt, train_dl)\n"
         "sched = OneCycleLR(opt, max_lr=1e-3, total_steps=epochs * len(train_dl))",
         "accelerator = Accelerator()\n"
         "sched = OneCycleLR(opt, 1e-3, total_steps=len(train_dl) * accelerator.num_processes)\n"
         "model, train_dl = accelerator.prepare(model, train_dl)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nsteps = math.ceil(len(train_dataloader) / accum)\n"
             "args.max_steps = steps * epochs\n"
@@ -67,7 +68,7 @@ class ScheduleLengthMismatch(Rule):
             "sched = get_linear_schedule_with_warmup(opt, 100, len(dl) * epochs)\n"
             "sched = accelerator.prepare(sched)\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

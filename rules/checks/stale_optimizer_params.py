@@ -40,18 +40,18 @@ class StaleOptimizerParams(Rule):
     name = "stale-optimizer-params"
     severity = Severity.WARNING
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\noptimizer = AdamW(model.parameters())\n"
         "model, optimizer = accelerator.prepare(model, optimizer)",
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "optimizer = AdamW(model.parameters())\noptimizer = accelerator.prepare(optimizer)",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\noptimizer = AdamW(model.parameters(), lr=1e-4)\n"
             "model = accelerator.prepare(model)\noptimizer = accelerator.prepare(optimizer)\n"
         ),
-    ]
+    )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)

@@ -39,24 +39,26 @@ class UnsafeTorchLoad(Rule):
     name = "unsafe-torch-load"
     severity = Severity.WARNING
 
-    VALID = [
+    VALID = (
         "import torch\nstate = torch.load(path, weights_only=True)",
         "import pickle\nstate = pickle.load(f)  # not torch's",
         "import torch\nstate = torch.load(path, **kwargs)  # cannot tell",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             'import torch\nstate = torch.load("ckpt.pt", map_location="cpu")\n',
             'import torch\nstate = torch.load("ckpt.pt", map_location="cpu", weights_only=True)\n',
         ),
         Invalid("import torch\nstate = torch.load(path, weights_only=False)\n"),
-    ]
+    )
 
     def visit_Call(self, node: cst.Call) -> None:
         if dotted_name(node.func) != "torch.load" or any(a.star for a in node.args):
             return
         given = keyword_arg(node, "weights_only")
-        message = "`torch.load` can run arbitrary code from the checkpoint; pass `weights_only=True`"
+        message = (
+            "`torch.load` can run arbitrary code from the checkpoint; pass `weights_only=True`"
+        )
         if given is not None:
             if not (isinstance(given.value, cst.Name) and given.value.value == "True"):
                 self.report(node, message)

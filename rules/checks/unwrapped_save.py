@@ -43,7 +43,7 @@ class UnwrappedSave(Rule):
     name = "unwrapped-save"
     severity = Severity.ERROR
 
-    VALID = [
+    VALID = (
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "accelerator.save(accelerator.unwrap_model(model).state_dict(), 'm.pt')",
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
@@ -53,8 +53,8 @@ class UnwrappedSave(Rule):
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "model = accelerator.unwrap_model(model)\nmodel.save_pretrained('out')",
         "model = Net()\ntorch.save(model.state_dict(), 'm.pt')",
-    ]
-    INVALID = [
+    )
+    INVALID = (
         Invalid(
             "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(model, opt)\n"
             "torch.save(model.state_dict(), 'm.pt')\n",
@@ -73,7 +73,7 @@ class UnwrappedSave(Rule):
             "accelerator = Accelerator()\nnet = accelerator.prepare(net)\n"
             "accelerator.save(accelerator.unwrap_model(net), 'net.pt')\n",
         ),
-    ]
+    )
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func

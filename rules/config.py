@@ -1,0 +1,154 @@
+"""``[tool.accelify.lint]`` in ``pyproject.toml``: which rules run on which files.
+
+Found like Ruff finds its settings: the nearest ``pyproject.toml`` above the linted file that has
+the section wins, unless ``--config`` names one file for all. Selectors are codes, code prefixes
+(``ACL1``), rule names (``unwrapped-save``) or ``ALL``; ``per-file-ignores`` globs are relative
+to the folder of the file that declares them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from accelify.rules.rule import Rule
+from accelify.transform.sources import SourceError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+_KEYS = frozenset({"select", "extend-select", "ignore", "per-file-ignores"})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The settings of one ``[tool.accelify.lint]`` table (empty: the defaults)."""
+
+    root: Path = field(default_factory=Path.cwd)
+    select: tuple[str, ...] | None = None
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def ignored_for(self, path: str) -> tuple[str, ...]:
+        """Selectors ``per-file-ignores`` turns off for ``path``."""
+        try:
+            relative = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            relative = Path(path).as_posix()
+        name = Path(path).name
+        return tuple(
+            code
+            for pattern, codes in self.per_file_ignores
+            if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(name, pattern)
+            for code in codes
+        )
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SourceError(str(path), 0, err.strerror or str(err)) from None
+    except tomllib.TOMLDecodeError as err:
+        raise SourceError(
+            str(path), getattr(err, "lineno", 1) or 1, f"invalid TOML: {err}"
+        ) from None
+
+
+def _table(path: Path, data: dict) -> dict | None:
+    """The ``[tool.accelify.lint]`` table; a non-pyproject TOML file may hold it at top level."""
+    table = data.get("tool", {}).get("accelify", {}).get("lint")
+    if table is None and path.name != "pyproject.toml":
+        table = data
+    return table
+
+
+def load(path: str | Path) -> Config:
+    """Read the settings from ``path`` (a ``pyproject.toml`` or a TOML file of its own)."""
+    path = Path(path)
+    table = _table(path, _read(path)) or {}
+    unknown = set(table) - _KEYS
+    if unknown:
+        raise SourceError(
+            str(path), 1, f"unknown [tool.accelify.lint] key(s): {', '.join(sorted(unknown))}"
+        )
+    per_file = table.get("per-file-ignores", {})
+    if not isinstance(per_file, dict):
+        raise SourceError(str(path), 1, "per-file-ignores must be a table of glob = [codes]")
+    return Config(
+        root=path.parent,
+        select=_codes(path, table["select"]) if "select" in table else None,
+        extend_select=_codes(path, table.get("extend-select", [])),
+        ignore=_codes(path, table.get("ignore", [])),
+        per_file_ignores=tuple((glob, _codes(path, codes)) for glob, codes in per_file.items()),
+    )
+
+
+def _codes(path: Path, value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SourceError(str(path), 1, f"expected a list of rule codes, got {value!r}")
+    return tuple(value)
+
+
+@cache
+def find(folder: Path) -> Config:
+    """The settings for files in ``folder``: the nearest pyproject.toml with the table."""
+    candidate = folder / "pyproject.toml"
+    if candidate.is_file() and _table(candidate, _read(candidate)) is not None:
+        return load(candidate)
+    if folder.parent == folder:
+        return Config()
+    return find(folder.parent)
+
+
+def for_file(path: str, explicit: Config | None) -> Config:
+    if explicit is not None:
+        return explicit
+    return find(Path(path).resolve().parent)
+
+
+def parse_selectors(text: str | None) -> tuple[str, ...] | None:
+    """``"ACL1,unwrapped-save"`` from the command line as a tuple (None when not given)."""
+    if text is None:
+        return None
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def matches(rule: type[Rule], selector: str) -> bool:
+    return (
+        selector.upper() == "ALL" or rule.code.startswith(selector.upper()) or rule.name == selector
+    )
+
+
+def check_selectors(rules: Sequence[type[Rule]], selectors: Iterable[str], where: str) -> None:
+    """Reject selectors that match no rule: a typo must not silently turn everything off."""
+    for selector in selectors:
+        if not any(matches(rule, selector) for rule in rules):
+            raise SourceError(where, 0, f"unknown rule selector {selector!r}")
+
+
+def select_rules(
+    rules: Sequence[type[Rule]],
+    config: Config,
+    path: str,
+    select: tuple[str, ...] | None = None,
+    ignore: tuple[str, ...] = (),
+) -> list[type[Rule]]:
+    """The rules to run on ``path``: command line over config over defaults."""
+    chosen = select if select is not None else config.select
+    on = [
+        rule
+        for rule in rules
+        if (rule.enabled_by_default if chosen is None else any(matches(rule, s) for s in chosen))
+        or any(matches(rule, s) for s in config.extend_select)
+    ]
+    off = (*config.ignore, *ignore, *config.ignored_for(path))
+    return [rule for rule in on if not any(matches(rule, s) for s in off)]

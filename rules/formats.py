@@ -1,0 +1,164 @@
+"""Output formats: text for people, JSON/GitHub/GitLab/SARIF for machines.
+
+Text is ``path:line:col: CODE message`` (``path:cell N:line:col`` in notebooks): rich colours and a
+source excerpt on a terminal, plain greppable lines in a pipe. Machine formats go to stdout whole
+and valid even when some files failed (those errors go to stderr).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from accelify.rules.engine import Finding
+from accelify.rules.rule import Rule, Severity
+from accelify.rules.runner import FileResult
+
+FORMATS = ("text", "json", "github", "gitlab", "sarif")
+_GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+_GITLAB_SEVERITY = {Severity.ERROR: "critical", Severity.WARNING: "major", Severity.INFO: "info"}
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def position(path: str, finding: Finding) -> str:
+    """``path:line:col``, with the cell for notebooks."""
+    cell = f"cell {finding.cell}:" if finding.cell is not None else ""
+    return f"{path}:{cell}{finding.line}:{finding.column}"
+
+
+def _pairs(results: Sequence[FileResult]) -> list[tuple[str, Finding]]:
+    return [(r.path, f) for r in results for f in r.findings]
+
+
+def render_text(results: Sequence[FileResult], out: Console) -> None:
+    """Findings one per line, excerpts on a terminal, and a summary."""
+    pairs = _pairs(results)
+    for path, finding in pairs:
+        mark = " [*]" if finding.fix == "safe" else ""
+        if not out.is_terminal:
+            out.print(
+                f"{position(path, finding)}: {finding.code}{mark} {finding.message}", markup=False
+            )
+            continue
+        out.print(
+            f"[bold]{escape(position(path, finding))}[/]: [{_STYLE[finding.severity]}]"
+            f"{finding.code}[/]{mark} {escape(finding.message)}"
+        )
+        if finding.source:
+            gutter = f"{finding.line:>4} | "
+            out.print(f"[dim]{gutter}[/]{escape(finding.source)}")
+            width = max(
+                1,
+                (
+                    finding.end_column
+                    if finding.end_line == finding.line
+                    else len(finding.source) + 1
+                )
+                - finding.column,
+            )
+            out.print(
+                " " * (len(gutter) + finding.column - 1)
+                + f"[{_STYLE[finding.severity]}]"
+                + "^" * width
+                + "[/]"
+            )
+    fixed = sum(r.fixed for r in results)
+    if fixed:
+        out.print(f"Fixed {fixed} problem{'s' * (fixed != 1)}.", markup=False)
+    if pairs:
+        safe = sum(f.fix == "safe" for _, f in pairs)
+        unsafe = sum(f.fix == "unsafe" for _, f in pairs)
+        hints = []
+        if safe:
+            hints.append(f"{safe} fixable with --fix")
+        if unsafe:
+            hints.append(f"{unsafe} more with --fix --unsafe-fixes")
+        hint = f" ({', '.join(hints)})" if hints else ""
+        out.print(f"Found {len(pairs)} problem{'s' * (len(pairs) != 1)}{hint}.", markup=False)
+    elif not any(r.error for r in results):
+        out.print("All checks passed!", markup=False)
+
+
+def render_json(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
+    return json.dumps(
+        [
+            {
+                "code": f.code,
+                "name": f.name,
+                "severity": f.severity.value,
+                "message": f.message,
+                "filename": path,
+                "cell": f.cell,
+                "location": {"row": f.line, "column": f.column},
+                "end_location": {"row": f.end_line, "column": f.end_column},
+                "fix": {"applicability": f.fix} if f.fix else None,
+            }
+            for path, f in _pairs(results)
+        ],
+        indent=2,
+    )
+
+
+def _escape(value: str, prop: bool = False) -> str:
+    """Workflow-command escaping (properties also escape ``:`` and ``,``)."""
+    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return value.replace(":", "%3A").replace(",", "%2C") if prop else value
+
+
+def render_github(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
+    """GitHub Actions workflow commands: each finding becomes an annotation on the PR diff."""
+    lines = []
+    for path, f in _pairs(results):
+        props = {
+            "file": path,
+            "line": f.line,
+            "col": f.column,
+            "endLine": f.end_line,
+            "endColumn": f.end_column,
+            "title": f"accel-lint {f.code} ({f.name})",
+        }
+        where = ",".join(f"{k}={_escape(str(v), prop=True)}" for k, v in props.items())
+        lines.append(f"::{_GITHUB_LEVEL[f.severity]} {where}::{f.code} {_escape(f.message)}")
+    return "\n".join(lines)
+
+
+def render_gitlab(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
+    """GitLab code quality report; fingerprints survive unrelated edits that move lines."""
+    issues = []
+    seen: dict[str, int] = {}
+    for path, f in _pairs(results):
+        basis = f"{path}\0{f.code}\0{f.cell}\0{f.source.strip()}"
+        seen[basis] = seen.get(basis, 0) + 1
+        fingerprint = hashlib.sha256(f"{basis}\0{seen[basis]}".encode()).hexdigest()
+        issues.append(
+            {
+                "description": f"{f.code} {f.message}",
+                "check_name": f"{f.code} {f.name}",
+                "fingerprint": fingerprint,
+                "severity": _GITLAB_SEVERITY[f.severity],
+                "location": {
+                    "path": Path(path).as_posix(),
+                    "lines": {"begin": f.line, "end": f.end_line},
+                },
+            }
+        )
+    return json.dumps(issues, indent=2)
+
+
+def render_sarif(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
+    from accelify.rules.sarif import render  # rarely used: keep it off the start-up path
+
+    return render(results, rules)
+
+
+MACHINE: dict[str, Callable[[Sequence[FileResult], Sequence[type[Rule]]], str]] = {
+    "json": render_json,
+    "github": render_github,
+    "gitlab": render_gitlab,
+    "sarif": render_sarif,
+}

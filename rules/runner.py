@@ -1,0 +1,96 @@
+"""Everything done to one file: read, pick rules, fix, lint. Plain data in and out, so files can
+be checked in worker processes (``--jobs``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from accelify.rules import config, engine, notebook
+from accelify.rules.checks import all_rules
+from accelify.rules.engine import Finding
+from accelify.rules.rule import Rule
+from accelify.transform.sources import STDIN, Source, SourceError, read, write_atomic
+
+
+@dataclass(frozen=True)
+class Options:
+    select: tuple[str, ...] | None = None
+    ignore: tuple[str, ...] = ()
+    fix: bool = False
+    unsafe_fixes: bool = False
+    diff: bool = False  # compute fixes and show them, write nothing
+    config: config.Config | None = None  # --config: one settings file for every path
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    error: str | None = None  # one line, ``path:line: message``
+    diff: str = ""
+    fixed: int = 0  # findings that fixes removed
+    notes: list[str] = field(default_factory=list)
+
+
+def check_file(path: str, options: Options) -> FileResult:
+    """Lint (and with ``--fix``/``--diff``, fix) one file; errors come back as one line."""
+    result = FileResult(path if path != STDIN else "<stdin>")
+    try:
+        _check(path, options, result)
+    except SourceError as err:
+        result.error = str(err)
+    return result
+
+
+def _check(path: str, options: Options, result: FileResult) -> None:
+    source = read(path)
+    settings = config.for_file(path, options.config)
+    rules = config.select_rules(all_rules(), settings, path, options.select, options.ignore)
+    book = notebook.parse(result.path, source.text) if path.endswith(".ipynb") else None
+    text = book.text if book is not None else source.text
+    try:
+        if (options.fix or options.diff) and book is None and path != STDIN:
+            text = _fix(source, rules, options, result)
+        findings = engine.lint(text, rules)
+    except SyntaxError as err:
+        line = err.lineno or 1
+        where = result.path
+        if book is not None:
+            cell, line = book.place(line)
+            where = f"{where}:cell {cell}"
+        raise SourceError(where, line, f"syntax error: {err.msg}") from None
+    result.findings = [_in_cell(f, book) for f in findings] if book else findings
+
+
+def _fix(source: Source, rules: list[type[Rule]], options: Options, result: FileResult) -> str:
+    """Apply fixes; write them back, or with ``--diff`` only describe them."""
+    path, text = source.path, source.text
+    before = engine.lint(text, rules)
+    fixed, notes = engine.fix(text, rules, unsafe=options.unsafe_fixes)
+    result.notes = [f"{result.path}:{note}" for note in notes]
+    if fixed == text:
+        return text
+    if options.diff:
+        import difflib  # only for --diff
+
+        result.diff = "".join(
+            difflib.unified_diff(
+                text.splitlines(keepends=True),
+                fixed.splitlines(keepends=True),
+                path,
+                path,
+            )
+        )
+        return text
+    write_atomic(path, source.encode(fixed))
+    result.fixed = len(before) - len(engine.lint(fixed, rules))
+    return fixed
+
+
+def _in_cell(finding: Finding, book: notebook.Notebook) -> Finding:
+    cell, line = book.place(finding.line)
+    end_cell, end_line = book.place(finding.end_line)
+    return dataclasses.replace(
+        finding, cell=cell, line=line, end_line=end_line if end_cell == cell else line
+    )
