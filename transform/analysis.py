@@ -1,23 +1,480 @@
-"""One pass over a script: which names are the training objects, where the loops are."""
+"""One pass over a script: which names are the training objects, where they are built and used.
+
+Roles come from three kinds of evidence, strongest first: the constructor that builds a name
+(``torch.optim.SGD(...)``), how the name is used (``opt(model.parameters())`` makes ``model`` a
+model, ``for batch in loader`` with a ``.backward()`` inside makes ``loader`` a loader), and call
+sites that pass a name into a function of the same file (``train(model, loader)`` gives the
+parameters the arguments' roles, and back). ``self.x`` attributes are tracked per class.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from accelify.transform.patterns import (
+    CLOSURE_OPTIMIZERS,
+    Role,
+    callee_name,
+    constructor_role,
+    dotted_name,
+    method_call,
+)
+
+# Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
+_ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
+_LOOPS = (cst.For, cst.While)
+_NESTED_BLOCKS = (cst.If, cst.For, cst.While, cst.Try, cst.With, cst.Else, cst.ExceptHandler)
+TRAINING_ROLES = (Role.MODEL, Role.OPTIMIZER, Role.DATALOADER, Role.SCHEDULER)
+
+
+@dataclass(eq=False)
+class Scope:
+    """The module, or one function/method, with the statements directly in its body."""
+
+    node: cst.Module | cst.FunctionDef
+    parent: Scope | None
+    cls: cst.ClassDef | None = None
+
+    @property
+    def body(self) -> Sequence[cst.BaseStatement]:
+        body = self.node.body
+        return body if isinstance(body, Sequence) else body.body  # type: ignore[return-value]
+
+    @property
+    def is_module(self) -> bool:
+        return isinstance(self.node, cst.Module)
+
+    @property
+    def name(self) -> str:
+        return "<module>" if isinstance(self.node, cst.Module) else self.node.name.value
+
+    @property
+    def params(self) -> list[str]:
+        if isinstance(self.node, cst.Module):
+            return []
+        p = self.node.params
+        return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+
+
+@dataclass(eq=False)
+class Binding:
+    """One assignment of a tracked name."""
+
+    key: str  # "model", or "self.model" for attributes
+    scope: Scope
+    statement: cst.BaseStatement  # the top-level statement of ``scope`` that contains it
+    node: cst.BaseSmallStatement | cst.CSTNode  # the Assign (or AugAssign/AnnAssign)
+    value: cst.BaseExpression | None
+    nested: bool  # inside an if/for/while/try of the scope
+    in_loop: bool
+
+
+@dataclass(eq=False)
+class Loop:
+    """A ``for`` over something; the batch names are the names its target binds."""
+
+    node: cst.For
+    scope: Scope
+    iterable: str | None  # the loader's key, when the loop walks a plain name
+    batch_names: set[str]
+    trains: bool = False  # a ``.backward()`` runs inside
 
 
 @dataclass
 class Analysis:
     module: cst.Module
     positions: dict[cst.CSTNode, CodeRange] = field(default_factory=dict)
+    scopes: list[Scope] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+    roles: dict[tuple[int, str], Role] = field(default_factory=dict)
+    # Every ``x.backward(...)`` call with the scope and innermost loop it runs in.
+    backward_calls: list[tuple[cst.Call, Scope, Loop | None]] = field(default_factory=list)
+    # Parent links for statements and blocks, for steps that need to climb.
+    parents: dict[int, cst.CSTNode] = field(default_factory=dict)
+    scope_of: dict[int, Scope] = field(default_factory=dict)  # id(any node) -> its scope
+    model_classes: set[str] = field(default_factory=set)
+    functions: dict[str, Scope] = field(default_factory=dict)  # module-level defs and methods
+    calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)
 
     def line(self, node: cst.CSTNode) -> int:
         position = self.positions.get(node)
         return position.start.line if position else 0
 
+    def exclude(self, scopes: set[Scope]) -> None:
+        """Forget what happens in ``scopes``, so no step touches code left for a human."""
+        if not scopes:
+            return
+        self.bindings = [b for b in self.bindings if b.scope not in scopes]
+        self.loops = [lp for lp in self.loops if lp.scope not in scopes]
+        self.calls = [c for c in self.calls if c[1] not in scopes]
+        self.backward_calls = [c for c in self.backward_calls if c[1] not in scopes]
+
+    def owner(self, scope: Scope, key: str) -> int:
+        """Attributes belong to the class, plain names to the function (or module) using them."""
+        if key.startswith("self.") and scope.cls is not None:
+            return id(scope.cls)
+        return id(scope.node)
+
+    def role(self, scope: Scope, key: str) -> Role | None:
+        found = self.roles.get((self.owner(scope, key), key))
+        if found is None and not key.startswith("self.") and key not in scope.params:
+            # A name the function never binds is the enclosing module's global.
+            module = self.scopes[0]
+            if scope is not module and not self._binds(scope, key):
+                return self.roles.get((id(module.node), key))
+        return found
+
+    def _binds(self, scope: Scope, key: str) -> bool:
+        return any(b.scope is scope and b.key == key for b in self.bindings)
+
+    def bindings_of(self, role: Role) -> Iterator[Binding]:
+        for b in self.bindings:
+            if self.roles.get((self.owner(b.scope, b.key), b.key)) is role:
+                yield b
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.parents.get(id(node))
+
+    def enclosing(self, node: cst.CSTNode, kind: type | tuple[type, ...]) -> cst.CSTNode | None:
+        current = self.parent(node)
+        while current is not None and not isinstance(current, kind):
+            current = self.parent(current)
+        return current
+
+    def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+        """The innermost statement (line or compound) that contains ``node``."""
+        current: cst.CSTNode | None = node
+        while current is not None and not isinstance(current, cst.BaseStatement):
+            current = self.parent(current)
+        return current
+
+    def loop_of(self, node: cst.CSTNode) -> Loop | None:
+        loop_node = self.enclosing(node, cst.For)
+        while loop_node is not None:
+            loop = next((lp for lp in self.loops if lp.node is loop_node), None)
+            if loop is not None and loop.iterable is not None:
+                return loop
+            loop_node = self.enclosing(loop_node, cst.For)
+        return None
+
+
+def key_of(node: cst.BaseExpression) -> str | None:
+    """``x`` or ``self.x``: the only expressions whose role we track."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == "self"
+    ):
+        return f"self.{node.attr.value}"
+    return None
+
+
+def unwrap_moves(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``Net().to(device).cuda()`` -> ``Net()``: the object a chain of moves starts from."""
+    while (call := method_call(value, "to", "cuda")) is not None:
+        value = call.func.value  # type: ignore[union-attr]
+    return value
+
+
+def loop_iterable(iterable: cst.BaseExpression) -> cst.BaseExpression:
+    """``enumerate(tqdm(loader))`` -> ``loader``."""
+    while (
+        isinstance(iterable, cst.Call)
+        and callee_name(iterable) in _ITER_WRAPPERS
+        and iterable.args
+        and iterable.args[0].keyword is None
+    ):
+        iterable = iterable.args[0].value
+    return iterable
+
+
+def mentions(node: cst.CSTNode, keys: set[str]) -> bool:
+    """Whether ``node`` reads any of ``keys`` (names, or ``self.x`` attributes)."""
+    finder = _KeyFinder(keys)
+    node.visit(finder)
+    return finder.found
+
+
+class _KeyFinder(cst.CSTVisitor):
+    def __init__(self, keys: set[str]) -> None:
+        super().__init__()
+        self.keys = keys
+        self.found = False
+
+    def visit_Name(self, node: cst.Name) -> bool:
+        self.found = self.found or node.value in self.keys
+        return not self.found
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        self.found = self.found or key_of(node) in self.keys
+        return not self.found
+
+
+def target_names(target: cst.BaseExpression) -> Iterator[str]:
+    """The keys an assignment target binds: ``a, (b, self.c)`` -> a, b, self.c."""
+    if (key := key_of(target)) is not None:
+        yield key
+    elif isinstance(target, cst.Tuple | cst.List):
+        for element in target.elements:
+            yield from target_names(element.value)
+
 
 def analyse(module: cst.Module) -> Analysis:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    return Analysis(module, dict(wrapper.resolve(PositionProvider)))
+    analysis = Analysis(module, dict(wrapper.resolve(PositionProvider)))
+    module.visit(_Collector(analysis))
+    _infer_roles(analysis)
+    return analysis
+
+
+class _Collector(cst.CSTVisitor):
+    """Records scopes, assignments, loops, backward calls and parent links in one traversal."""
+
+    def __init__(self, analysis: Analysis) -> None:
+        super().__init__()
+        self.a = analysis
+        self.stack: list[cst.CSTNode] = []
+        self.scopes: list[Scope] = []
+        self.classes: list[cst.ClassDef] = []
+        self.loops: list[Loop | None] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.a.parents[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        if self.scopes:
+            self.a.scope_of[id(node)] = self.scopes[-1]
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self.stack.pop()
+
+    # scopes -------------------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self._enter(Scope(node, None))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self.scopes.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
+        bases = {dotted_name(b.value) or "" for b in node.bases}
+        if any(b.split(".")[-1] in {"Module", "PreTrainedModel"} for b in bases) or (
+            bases & self.a.model_classes
+        ):
+            self.a.model_classes.add(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        cls = self.classes[-1] if self.classes and self._directly_in_class(node) else None
+        scope = Scope(node, self.scopes[-1], cls)
+        self._enter(scope)
+        if scope.parent is self.a.scopes[0] or cls is not None:
+            self.a.functions.setdefault(node.name.value, scope)
+        self.loops.append(None)  # loops do not reach into nested functions
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.scopes.pop()
+        self.loops.pop()
+
+    def _directly_in_class(self, node: cst.FunctionDef) -> bool:
+        parent = self.a.parents.get(id(node))
+        return (
+            isinstance(parent, cst.IndentedBlock)
+            and self.a.parents.get(id(parent)) is (self.classes[-1])
+        )
+
+    def _enter(self, scope: Scope) -> None:
+        self.scopes.append(scope)
+        self.a.scopes.append(scope)
+        self.a.scope_of[id(scope.node)] = scope
+
+    # facts --------------------------------------------------------------------------------
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if (key := key_of(target.target)) is not None:
+                self._bind(key, node, node.value)
+            else:
+                for name in target_names(target.target):
+                    self._bind(name, node, None)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if (key := key_of(node.target)) is not None:
+            self._bind(key, node, node.value)
+
+    def _bind(self, key: str, node: cst.CSTNode, value: cst.BaseExpression | None) -> None:
+        scope = self.scopes[-1]
+        statement, nested, in_loop = self._position_in_scope()
+        self.a.bindings.append(Binding(key, scope, statement, node, value, nested, in_loop))
+
+    def _position_in_scope(self) -> tuple[cst.BaseStatement, bool, bool]:
+        """The top-level statement of the current scope above us, and what lies between."""
+        scope_node = self.scopes[-1].node
+        nested = in_loop = False
+        for i in range(len(self.stack) - 1, 0, -1):
+            node = self.stack[i]
+            parent = self.stack[i - 1]
+            if isinstance(node, _LOOPS) and i < len(self.stack) - 1:
+                in_loop = True
+            if isinstance(node, _NESTED_BLOCKS) and i < len(self.stack) - 1:
+                nested = True
+            if parent is scope_node or (
+                isinstance(parent, cst.IndentedBlock) and self.stack[i - 2] is scope_node
+            ):
+                return node, nested, in_loop  # type: ignore[return-value]
+        raise AssertionError("statement outside any scope")
+
+    def visit_For(self, node: cst.For) -> None:
+        iterable = loop_iterable(node.iter)
+        batch_target = node.target
+        if (
+            node.iter is not iterable
+            and callee_name(node.iter) == "enumerate"  # type: ignore[arg-type]
+            and isinstance(node.target, cst.Tuple)
+            and len(node.target.elements) == 2
+        ):
+            batch_target = node.target.elements[1].value
+        loop = Loop(node, self.scopes[-1], key_of(iterable), set(target_names(batch_target)))
+        self.a.loops.append(loop)
+        self.loops.append(loop)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loops.pop()
+
+    def _innermost_loop(self) -> Loop | None:
+        """The innermost ``for`` of the current function (``None`` marks a function boundary)."""
+        return self.loops[-1] if self.loops else None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        scope = self.scopes[-1]
+        self.a.calls.append((node, scope))
+        if method_call(node, "backward") is not None:
+            loop = self._innermost_loop()
+            if loop is not None:
+                loop.trains = True
+                for outer in self.loops:
+                    if outer is not None and outer.scope is loop.scope:
+                        outer.trains = True
+            self.a.backward_calls.append((node, scope, loop))
+
+
+def _infer_roles(a: Analysis) -> None:
+    give = _RoleGiver(a)
+    _roles_from_constructors(a, give)
+    _roles_from_usage(a, give)
+    links = list(_call_links(a))
+    changed = True
+    while changed:  # call sites, both ways, until nothing changes
+        changed = False
+        for caller, arg, callee, param in links:
+            there = a.role(callee, param)
+            here = a.role(caller, arg)
+            if here is not None and there is None:
+                changed |= give(callee, param, here)
+            elif there is not None and here is None:
+                changed |= give(caller, arg, there)
+
+
+class _RoleGiver:
+    """Records a role once; the first (strongest) evidence wins."""
+
+    def __init__(self, a: Analysis) -> None:
+        self.a = a
+
+    def __call__(self, scope: Scope, key: str, role: Role) -> bool:
+        a = self.a
+        slot = (a.owner(scope, key), key)
+        if scope.cls is None and not key.startswith("self.") and key not in scope.params:
+            module = a.scopes[0]
+            if scope is not module and not a._binds(scope, key):
+                slot = (id(module.node), key)  # a global used inside a function
+        if slot in a.roles:
+            return False
+        a.roles[slot] = role
+        return True
+
+
+def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
+    for b in a.bindings:
+        if b.value is None:
+            continue
+        base = unwrap_moves(b.value)
+        name = callee_name(base) if isinstance(base, cst.Call) else None
+        role = constructor_role(base)
+        if role is None and name in a.model_classes:
+            role = Role.MODEL
+        if role is None and name in CLOSURE_OPTIMIZERS:
+            role = Role.OPTIMIZER
+        if role is None and _is_device_value(b.value):
+            role = Role.DEVICE
+        if role is not None:
+            give(b.scope, b.key, role)
+
+
+def _roles_from_usage(a: Analysis, give: _RoleGiver) -> None:
+    """``opt(model.parameters())``, ``for batch in loader``, ``x.step()``, bare ``x.to(device)``."""
+    for call, scope in a.calls:
+        if constructor_role(call) is Role.OPTIMIZER or callee_name(call) in CLOSURE_OPTIMIZERS:
+            first = call.args[0].value if call.args else None
+            params = method_call(first, "parameters", "named_parameters") if first else None
+            if params is not None and (key := key_of(params.func.value)) is not None:  # type: ignore[union-attr]
+                give(scope, key, Role.MODEL)
+    for loop in a.loops:
+        key = loop.iterable
+        if key is not None and (loop.trains or "loader" in key.lower()):
+            give(loop.scope, key, Role.DATALOADER)
+    for call, scope in a.calls:
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        key = key_of(receiver) if receiver is not None else None
+        if key is None:
+            continue
+        method = call.func.attr.value  # type: ignore[union-attr]
+        if method in {"zero_grad", "step"} and "sched" in key.lower():
+            give(scope, key, Role.SCHEDULER)
+        elif method in {"zero_grad", "step"} and "opt" in key.lower():
+            give(scope, key, Role.OPTIMIZER)
+        elif method in {"to", "cuda"} and isinstance(a.parent(call), cst.Expr):
+            give(scope, key, Role.MODEL)  # a bare ``x.to(device)`` only makes sense on a module
+
+
+def _call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
+    """(caller scope, argument name, callee scope, parameter name) for same-file calls."""
+    for call, scope in a.calls:
+        name = dotted_name(call.func)
+        if name is None:
+            continue
+        callee = a.functions.get(name.removeprefix("self."))
+        if callee is None or isinstance(callee.node, cst.Module):
+            continue
+        params = callee.params
+        if callee.cls is not None and params and params[0] == "self":
+            params = params[1:]
+        for i, arg in enumerate(call.args):
+            if arg.star or (key := key_of(arg.value)) is None:
+                continue
+            if arg.keyword is not None:
+                yield scope, key, callee, arg.keyword.value
+            elif i < len(params):
+                yield scope, key, callee, params[i]
+
+
+def _is_device_value(value: cst.BaseExpression) -> bool:
+    """``"cuda"``, ``"cuda:0"``, ``torch.device(...)`` or a conditional choosing between them."""
+    if isinstance(value, cst.SimpleString):
+        text = value.evaluated_value
+        return isinstance(text, str) and text.split(":")[0] in {"cuda", "cpu", "mps", "xpu"}
+    if isinstance(value, cst.IfExp):
+        return _is_device_value(value.body) and _is_device_value(value.orelse)
+    if isinstance(value, cst.Call):
+        return dotted_name(value.func) in {"torch.device", "device"}
+    return False

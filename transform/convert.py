@@ -15,6 +15,7 @@ import libcst as cst
 from accelify.transform.analysis import analyse
 from accelify.transform.edits import apply
 from accelify.transform.plan import Note, Options, Plan
+from accelify.transform.setup import find_setup
 from accelify.transform.sources import SourceError
 from accelify.transform.steps import STEPS
 
@@ -54,7 +55,11 @@ def parse(source: str, path: str) -> cst.Module:
 def convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
     """Convert one script's source text; raise :class:`SourceError` on input we cannot parse."""
     module = parse(source, path)
-    plan = Plan(analyse(module), options or Options())
+    analysis = analyse(module)
+    setup, refusals = find_setup(analysis)
+    plan = Plan(analysis, options or Options(), setup)
+    for node, reason in refusals:
+        plan.needs_human(node, f"left unchanged: {reason}")
     for step in STEPS:
         step(plan)
     code = apply(module, plan.edits).code

@@ -8,7 +8,7 @@ inner edits already applied: a wrapped loop body still gets its ``accelerator.ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -32,16 +32,30 @@ class Edits:
     before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     wraps: list[_Wrap] = field(default_factory=list)
+    unwraps: set[int] = field(default_factory=set)
 
     def replace(self, node: cst.CSTNode, new: cst.CSTNode | Rebuild) -> None:
-        """Replace ``node``; a callable receives the node with inner edits already applied."""
-        self.replacements[id(node)] = new if callable(new) else (lambda _updated: new)
+        """Replace ``node``; a callable receives the node with inner edits already applied.
+
+        Two replacements of one node compose, the later one seeing the earlier one's result.
+        """
+        rebuild: Rebuild = new if callable(new) else (lambda _updated: new)
+        earlier = self.replacements.get(id(node))
+        if earlier is not None:
+            rebuild = _compose(earlier, rebuild)
+        self.replacements[id(node)] = rebuild
 
     def remove(self, statement: cst.BaseStatement) -> None:
         self.removals.add(id(statement))
 
-    def insert_before(self, statement: cst.BaseStatement, *new: cst.BaseStatement) -> None:
-        self.before.setdefault(id(statement), []).extend(new)
+    def insert_before(
+        self, statement: cst.BaseStatement, *new: cst.BaseStatement, first: bool = False
+    ) -> None:
+        """Put ``new`` above ``statement``; ``first`` puts it above earlier insertions too."""
+        pending = self.before.setdefault(id(statement), [])
+        pending[0:0] = new if first else ()
+        if not first:
+            pending.extend(new)
 
     def insert_after(self, statement: cst.BaseStatement, *new: cst.BaseStatement) -> None:
         self.after.setdefault(id(statement), []).extend(new)
@@ -50,11 +64,26 @@ class Edits:
         """Move the statements from ``first`` to ``last`` (same block) into ``header``'s body."""
         self.wraps.append(_Wrap(first, last, header))
 
+    def unwrap(self, statement: cst.BaseCompoundStatement) -> None:
+        """Replace a compound statement (``if ...:``) by the statements of its body."""
+        self.unwraps.add(id(statement))
+
     def is_removed(self, statement: cst.CSTNode) -> bool:
         return id(statement) in self.removals
 
     def __bool__(self) -> bool:
-        return bool(self.replacements or self.removals or self.before or self.after or self.wraps)
+        return bool(
+            self.replacements
+            or self.removals
+            or self.before
+            or self.after
+            or self.wraps
+            or self.unwraps
+        )
+
+
+def _compose(first: Rebuild, second: Rebuild) -> Rebuild:
+    return lambda node: second(first(node))
 
 
 def apply(module: cst.Module, edits: Edits) -> cst.Module:
@@ -81,50 +110,48 @@ class _Applier(cst.CSTTransformer):
     def _edit_body(
         self, original: cst.Module | cst.IndentedBlock, updated: cst.Module | cst.IndentedBlock
     ) -> cst.Module | cst.IndentedBlock:
-        pairs = list(zip(original.body, updated.body, strict=True))
         body: list[cst.BaseStatement] = []
+        spans: dict[int, tuple[int, int]] = {}  # id(original) -> where its output sits in body
         blank: tuple[cst.EmptyLine, ...] = ()  # blank lines above a removed statement
-        for old, new in pairs:
+        for old, new in zip(original.body, updated.body, strict=True):
             emitted = [*self.edits.before.get(id(old), ())]
+            start = len(body) + len(emitted)
             if id(old) in self.edits.removals:
                 blank = blank or tuple(ln for ln in old.leading_lines if ln.comment is None)
+            elif id(old) in self.edits.unwraps:
+                inner = list(new.body.body)  # type: ignore[attr-defined]
+                inner[0] = inner[0].with_changes(leading_lines=new.leading_lines)
+                emitted.extend(inner)
             else:
                 emitted.append(new)
+            spans[id(old)] = (start, len(body) + len(emitted) - 1)
             emitted.extend(self.edits.after.get(id(old), ()))
             if emitted and blank:
                 emitted[0] = _with_blank_lines(emitted[0], blank)
                 blank = ()
             body.extend(emitted)
-        body = self._wrap(pairs, body)
+        body = self._wrap(spans, body)
         if not body and isinstance(updated, cst.IndentedBlock):
             body = [cst.SimpleStatementLine([cst.Pass()])]
         return updated.with_changes(body=body)
 
     def _wrap(
-        self, pairs: Sequence[tuple[cst.BaseStatement, cst.BaseStatement]], body: list
+        self, spans: dict[int, tuple[int, int]], body: list[cst.BaseStatement]
     ) -> list[cst.BaseStatement]:
-        """Fold each wrapped range of ``body`` into its ``with`` statement."""
-        ids = {id(old) for old, _ in pairs}
-        for wrap in self.edits.wraps:
-            if id(wrap.first) not in ids:
-                continue
-            first = next(new for old, new in pairs if old is wrap.first)
-            last = next(new for old, new in pairs if old is wrap.last)
-            start = _index(body, first)
-            end = _index(body, last)
+        """Fold each wrapped range of ``body`` into its ``with`` statement (last range first)."""
+        ranges = [
+            (spans[id(w.first)][0], spans[id(w.last)][1], w.header)
+            for w in self.edits.wraps
+            if id(w.first) in spans
+        ]
+        for start, end, header in sorted(ranges, key=lambda r: r[0], reverse=True):
             inner = body[start : end + 1]
-            # The first moved statement's leading blank lines/comments stay above the ``with``.
-            head = inner[0]
-            lead = getattr(head, "leading_lines", ())
-            inner[0] = head.with_changes(leading_lines=()) if lead else head
-            block = cst.IndentedBlock(body=inner)
-            statement = wrap.header.with_changes(body=block, leading_lines=lead)
+            # Blank lines and comments above the first moved statement stay above the ``with``.
+            lead = inner[0].leading_lines
+            inner[0] = inner[0].with_changes(leading_lines=())
+            statement = header.with_changes(body=cst.IndentedBlock(body=inner), leading_lines=lead)
             body[start : end + 1] = [statement]
         return body
-
-
-def _index(body: list, node: cst.CSTNode) -> int:
-    return next(i for i, statement in enumerate(body) if statement is node)
 
 
 def _with_blank_lines(

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import libcst as cst
 
+from accelify.transform.analysis import Analysis, Scope
 from accelify.transform.edits import Edits
-
-if TYPE_CHECKING:
-    from accelify.transform.analysis import Analysis
+from accelify.transform.setup import ACCELERATOR, Setup
 
 Target = Literal["accelify", "accelerate"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
@@ -41,14 +40,41 @@ class Plan:
 
     analysis: Analysis
     options: Options
+    setup: Setup | None
     edits: Edits = field(default_factory=Edits)
     notes: list[Note] = field(default_factory=list)
+    # Arguments the created Accelerator(...) gets, filled by the amp/accumulate steps.
+    accelerator_kwargs: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    imports: set[str] = field(default_factory=set)  # names to import from the runtime
+    # Functions other than the setup scope that use the accelerator and must be handed it.
+    borrowers: set[Scope] = field(default_factory=set)
+    accumulating: set[int] = field(default_factory=set)  # ids of loops given an accumulate block
 
     def changed(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message))
 
     def needs_human(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message, manual=True))
+
+    def accelerator(self, node: cst.CSTNode) -> cst.BaseExpression | None:
+        """How code at ``node`` reaches the accelerator, or None when it cannot."""
+        setup = self.setup
+        if setup is None:
+            return None
+        scope = self.analysis.scope_of[id(node)]
+        if setup.on_self:
+            return cst.parse_expression(setup.accelerator) if scope.cls is setup.scope.cls else None
+        if scope is setup.scope or setup.scope.is_module:
+            return cst.parse_expression(setup.accelerator)
+        if scope.cls is not None or scope.parent is not self.analysis.scopes[0]:
+            return None  # methods and nested functions are not handed the accelerator
+        if ACCELERATOR not in scope.params:
+            self.borrowers.add(scope)
+        return cst.Name(ACCELERATOR)
+
+    def statement(self, code: str) -> cst.BaseStatement:
+        """Parse one statement with the module's own newline and indentation."""
+        return cst.parse_statement(code, config=self.analysis.module.config_for_parsing)
 
 
 Step = Callable[[Plan], None]

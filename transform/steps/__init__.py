@@ -1,5 +1,35 @@
-"""One module per conversion step; :mod:`accelify.transform.convert` runs them in this order."""
+"""One module per conversion step; :mod:`accelify.transform.convert` runs them in this order.
+
+The amp and accumulate steps come first because they decide the ``Accelerator(...)`` arguments;
+creating the accelerator and handing it to other functions come last because every other step
+may ask for it.
+"""
 
 from accelify.transform.plan import Step
+from accelify.transform.steps.accelerator import accelerator
+from accelify.transform.steps.accumulate import accumulate
+from accelify.transform.steps.amp import amp
+from accelify.transform.steps.backward import backward
+from accelify.transform.steps.clip import clip
+from accelify.transform.steps.device import device
+from accelify.transform.steps.moves import moves
+from accelify.transform.steps.output import output
+from accelify.transform.steps.prepare import prepare
+from accelify.transform.steps.save import save
+from accelify.transform.steps.seed import seed
+from accelify.transform.steps.thread import thread
 
-STEPS: list[Step] = []
+STEPS: list[Step] = [
+    amp,
+    accumulate,
+    device,
+    moves,
+    prepare,
+    backward,
+    clip,
+    save,
+    output,
+    seed,
+    accelerator,
+    thread,
+]

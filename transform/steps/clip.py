@@ -1,0 +1,48 @@
+"""``torch.nn.utils.clip_grad_norm_/value_`` become the accelerator's own.
+
+The accelerator's versions unscale fp16 gradients first and work on sharded parameters. Inside
+an accumulate block clipping only makes sense when gradients are synced, so it gets
+``if accelerator.sync_gradients:``.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.transform.patterns import callee_name, dotted_name
+from accelify.transform.plan import Plan
+
+_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
+
+
+def clip(plan: Plan) -> None:
+    a = plan.analysis
+    for call, _scope in a.calls:
+        name = callee_name(call)
+        if name not in _CLIPS or plan.setup is None:
+            continue
+        if (dotted_name(call.func) or "").startswith(plan.setup.accelerator):
+            continue  # already the accelerator's
+        accelerator = plan.accelerator(call)
+        if accelerator is None:
+            plan.needs_human(call, f"{name} where the accelerator is not reachable")
+            continue
+        plan.edits.replace(
+            call,
+            lambda node, acc=accelerator, n=name: node.with_changes(
+                func=cst.Attribute(acc, cst.Name(n))
+            ),
+        )
+        plan.changed(call, f"{name} -> accelerator.{name}")
+        loop = a.enclosing(call, cst.For)
+        statement = a.statement_of(call)
+        if loop is not None and id(loop) in plan.accumulating and statement is not None:
+            test = cst.Attribute(accelerator, cst.Name("sync_gradients"))
+            plan.edits.replace(
+                statement,
+                lambda node, test=test: cst.If(
+                    test=test,
+                    body=cst.IndentedBlock(body=[node.with_changes(leading_lines=())]),
+                    leading_lines=node.leading_lines,
+                ),
+            )
