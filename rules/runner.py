@@ -91,6 +91,6 @@ def _fix(source: Source, rules: list[type[Rule]], options: Options, result: File
 def _in_cell(finding: Finding, book: notebook.Notebook) -> Finding:
     cell, line = book.place(finding.line)
     end_cell, end_line = book.place(finding.end_line)
-    return dataclasses.replace(
-        finding, cell=cell, line=line, end_line=end_line if end_cell == cell else line
-    )
+    end_line = end_line if end_cell == cell else line
+    # Fixes are not written back into notebooks (cells would have to be re-split), so none is offered.
+    return dataclasses.replace(finding, cell=cell, line=line, end_line=end_line, fix=None)
