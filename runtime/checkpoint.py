@@ -185,7 +185,11 @@ def load_checkpoint_in_model(
     ``strict`` any other missing or unexpected name is an error, otherwise a warning.
     """
     state_dict = load_weights(checkpoint)
-    result = model.load_state_dict(state_dict, strict=False)
+    try:
+        result = model.load_state_dict(state_dict, strict=False)
+    except RuntimeError as err:  # shape mismatches; torch's message spans several lines
+        reasons = "; ".join(line.strip() for line in str(err).splitlines()[1:])
+        raise ValueError(f"{checkpoint}: weights do not fit the model: {reasons}") from None
     missing = _really_missing(model, set(result.missing_keys), set(state_dict))
     if missing or result.unexpected_keys:
         message = (

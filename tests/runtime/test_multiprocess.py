@@ -1,0 +1,111 @@
+"""Two real processes (torch.distributed.run, gloo on CPU) running fixtures/runtime/train_toy.py.
+
+One module-wide set of runs serves every assertion: accelify on 2 processes (saving after epoch 0),
+HF Accelerate on 2 processes, accelify resuming from that checkpoint in new processes, and both
+runtimes on 1 process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "runtime" / "train_toy.py"
+SAMPLES = 22
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(out: Path, *args: str, processes: int = 1, env: dict | None = None) -> None:
+    launcher = [sys.executable]
+    if processes > 1:
+        port = str(_free_port())
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
+        launcher += ["--master-port", port]
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_"))}
+    variables.update(OMP_NUM_THREADS="1", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", **(env or {}))
+    result = subprocess.run(
+        [*launcher, str(SCRIPT), str(out), *args],
+        env=variables,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def _records(out: Path, impl: str) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(out.glob(f"{impl}_rank*.json"))]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    two, resumed, one = (tmp_path_factory.mktemp(name) for name in ("two", "resumed", "one"))
+    _run(two, "--save-after", "0", processes=2)
+    # HF Accelerate only starts gloo on a CPU host when told to use the CPU.
+    _run(two, "--impl", "hf", processes=2, env={"ACCELERATE_USE_CPU": "1"})
+    shutil.copytree(two / "checkpoints", resumed / "checkpoints")
+    _run(resumed, "--save-after", "0", "--resume", processes=2)
+    _run(one)
+    _run(one, "--impl", "hf")
+    return {
+        "two": _records(two, "accelify"),
+        "two_hf": _records(two, "hf"),
+        "resumed": _records(resumed, "accelify"),
+        "one": _records(one, "accelify"),
+        "one_hf": _records(one, "hf"),
+    }
+
+
+def test_processes_read_distinct_shards_that_cover_the_data(runs: dict) -> None:
+    ranks = runs["two"]
+    assert [r["num_processes"] for r in ranks] == [2, 2]
+    for epoch in range(2):
+        first, second = (r["seen"][epoch] for r in ranks)
+        assert len(first) == len(second) == 12  # 22 samples + 2 repeated to even the last round
+        assert set(first) | set(second) == set(range(SAMPLES))
+        assert len(set(first) & set(second)) <= 2
+    assert ranks[0]["seen"][0] != ranks[0]["seen"][1]  # reshuffled per epoch
+
+
+def test_processes_end_with_identical_weights(runs: dict) -> None:
+    first, second = runs["two"]
+    assert first["params"] == second["params"]
+
+
+def test_gradients_equal_one_process_over_the_gathered_batches(runs: dict) -> None:
+    assert all(r["grad_diff"] < 1e-5 for r in runs["two"] + runs["one"])
+
+
+def test_gather_for_metrics_counts_every_sample_once(runs: dict) -> None:
+    for record in runs["two"] + runs["one"]:
+        assert record["eval"] == list(range(SAMPLES))
+
+
+@pytest.mark.parametrize("count", ["one", "two"])
+def test_same_losses_learning_rates_and_weights_as_hf_accelerate(runs: dict, count: str) -> None:
+    ours, theirs = runs[count], runs[f"{count}_hf"]
+    assert len(ours) == len(theirs) == (1 if count == "one" else 2)
+    for mine, hf in zip(ours, theirs, strict=True):
+        assert mine["losses"] == pytest.approx(hf["losses"], rel=1e-6)
+        assert mine["lrs"] == pytest.approx(hf["lrs"])
+        assert mine["params"] == pytest.approx(hf["params"], rel=1e-6, abs=1e-7)
+
+
+def test_resuming_in_new_processes_equals_training_straight_through(runs: dict) -> None:
+    for straight, resumed in zip(runs["two"], runs["resumed"], strict=True):
+        assert resumed["seen"] == straight["seen"][1:]
+        assert resumed["params"] == straight["params"]
