@@ -32,7 +32,6 @@ def render(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
             "id": rule.code,
             "name": rule.name,
             "shortDescription": {"text": rule.summary()},
-            "fullDescription": {"text": rule.docs()},
             "help": {"text": rule.docs(), "markdown": rule.docs()},
             "defaultConfiguration": {
                 "level": _LEVEL[rule.severity],
