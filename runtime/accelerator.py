@@ -13,7 +13,7 @@ import functools
 import gc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -153,6 +153,8 @@ class Accelerator:
         if isinstance(obj, PreparedOptimizer | data.PreparedDataLoader):
             return obj
         if isinstance(obj, torch.optim.Optimizer):
+            if obj.state and placement:  # state loaded before prepare: follow the parameters
+                obj.load_state_dict(obj.state_dict())
             prepared = PreparedOptimizer(obj, self._shared, self.precision)
             self._optimizers.append(prepared)
             return prepared
@@ -233,9 +235,12 @@ class Accelerator:
         """Run forward and backward without the gradient all-reduce (accumulate locally)."""
         return self.strategy.no_sync(model)
 
-    def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager:
-        """The mixed-precision autocast context (a no-op without mixed precision)."""
-        return self.precision.autocast(**kwargs)
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+        """The mixed-precision autocast context (a no-op without mixed precision).
+
+        ``autocast_handler`` is anything with ``to_kwargs()`` (HF's ``AutocastKwargs``).
+        """
+        return self.precision.autocast(**(autocast_handler.to_kwargs() if autocast_handler else {}))
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         targets = self._optimizers if optimizer is None else _as_list(optimizer)
@@ -339,7 +344,7 @@ class Accelerator:
                 model.forward = original  # type: ignore[method-assign]
         return model
 
-    def save(self, obj: Any, f: str | Path, safe_serialization: bool = False) -> None:
+    def save(self, obj: Any, f: str | Path | BinaryIO, safe_serialization: bool = False) -> None:
         """Save ``obj`` from the main process only."""
         if self.is_main_process:
             checkpoint.save(obj, f, safe_serialization)

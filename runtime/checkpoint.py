@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -58,8 +58,16 @@ def _atomic(path: Path) -> Iterator[str]:
         raise
 
 
-def save(obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+def save(obj: Any, f: str | os.PathLike | BinaryIO, safe_serialization: bool = False) -> None:
     """``torch.save`` (or safetensors for a flat dict of tensors), written atomically."""
+    if hasattr(f, "write"):  # an open file: the caller owns atomicity
+        if safe_serialization:
+            from safetensors.torch import save as to_bytes
+
+            f.write(to_bytes(_untie(obj), metadata={"format": "pt"}))
+        else:
+            torch.save(obj, f)
+        return
     path = Path(f)
     with _atomic(path) as tmp:
         if safe_serialization:

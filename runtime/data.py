@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from . import ops
 from .sharding import IterableDatasetShard, ShardedBatchSampler, SkipBatchSampler
@@ -42,25 +42,32 @@ def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) 
 class _Position:
     """Epoch counter and the sampler generator's state at the start of the running epoch."""
 
-    def __init__(self, generator: torch.Generator | None) -> None:
-        self.generator = generator
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
         self.iteration = 0
         self.epoch_start: torch.Tensor | None = None  # set while an epoch is running
 
+    @property
+    def generator(self) -> torch.Generator | None:
+        return getattr(self.sampler, "generator", None)
+
     def state_dict(self) -> dict[str, Any]:
-        running = self.epoch_start is not None
-        rng = self.epoch_start if running else self._current()
+        rng = self.epoch_start
+        if rng is None and self.generator is not None:
+            rng = self.generator.get_state()
         return {"iteration": self.iteration, "generator": rng}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the position; a generator saved by a run on more processes is adopted."""
         self.iteration = int(state["iteration"])
-        if (state["generator"] is None) != (self.generator is None):
-            raise ValueError("checkpointed data loader and this one differ in sampler randomness")
-        if self.generator is not None:
-            self.generator.set_state(state["generator"])
-
-    def _current(self) -> torch.Tensor | None:
-        return None if self.generator is None else self.generator.get_state()
+        saved = state["generator"]
+        if saved is None:
+            return  # saved by one process whose sampler drew from the (restored) global RNG
+        if not hasattr(self.sampler, "generator"):
+            raise ValueError("the checkpointed data loader shuffled, this one does not")
+        if self.sampler.generator is None:
+            self.sampler.generator = torch.Generator()
+        self.sampler.generator.set_state(saved)
 
 
 class PreparedDataLoader(DataLoader):
@@ -187,6 +194,11 @@ def prepare_loader(
             raise ValueError("cannot shard a DataLoader with batch_size=None across processes")
         args.update(sampler=loader.sampler, batch_size=None)
     elif n > 1:
+        if isinstance(getattr(batch_sampler, "sampler", None), DistributedSampler):
+            raise ValueError(
+                "this DataLoader already uses a DistributedSampler; give prepare() a plain "
+                "sampler, it shards the batches itself"
+            )
         _share_sampler_generator(batch_sampler, state.device)
         batch_sampler = ShardedBatchSampler(batch_sampler, n, rank, split_batches, even_batches)
     total = None if batch_size is None else batch_size * (1 if split_batches else n)
@@ -195,7 +207,7 @@ def prepare_loader(
         batch_sampler=batch_sampler,
         device=state.device if device_placement and state.device.type != "cpu" else None,
         step_state=step_state,
-        position=_Position(getattr(getattr(batch_sampler, "sampler", None), "generator", None)),
+        position=_Position(getattr(batch_sampler, "sampler", None)),
         remainder=_remainder(loader, total),
         total_batch_size=total,
         loader_args=args,

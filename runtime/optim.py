@@ -92,6 +92,7 @@ class PreparedScheduler:
         self.split_batches = split_batches
         self._shared = shared
         self._repeats = 1 if split_batches else num_processes
+        self._total_steps = getattr(scheduler, "total_steps", None)  # OneCycleLR must not overrun
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         scheduler = self.scheduler
@@ -105,7 +106,7 @@ class PreparedScheduler:
         for optimizer in self.optimizers:
             if optimizer.step_was_skipped:
                 return
-        total = getattr(scheduler, "total_steps", None)  # OneCycleLR must not overrun
+        total = self._total_steps
         for _ in range(self._repeats):
             if total is None or scheduler._step_count <= total:
                 scheduler.step(*args, **kwargs)

@@ -8,10 +8,11 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from accelify.runtime import Accelerator, skip_first_batches
-from accelify.runtime.data import send_to_device
+from accelify.runtime import Accelerator, DistributedType, skip_first_batches
+from accelify.runtime.data import prepare_loader, send_to_device
+from accelify.runtime.state import ProcessState, StepState
 
 from .conftest import CUDA
 
@@ -130,3 +131,33 @@ def test_a_mid_epoch_position_replays_the_epoch_and_skipping_resumes_it() -> Non
 def test_skip_first_batches_on_a_plain_loader() -> None:
     loader = skip_first_batches(DataLoader(range(6), batch_size=2), 2)
     assert [batch.tolist() for batch in loader] == [[4, 5]]
+
+
+def _two_process_state() -> ProcessState:
+    return ProcessState(2, 0, 0, torch.device("cpu"), DistributedType.MULTI_CPU, cpu=True)
+
+
+def test_a_distributed_sampler_is_refused_instead_of_sharding_twice() -> None:
+    loader = DataLoader(range(8), sampler=DistributedSampler(range(8), num_replicas=2, rank=0))
+    with pytest.raises(ValueError, match="already uses a DistributedSampler"):
+        prepare_loader(
+            loader, _two_process_state(), StepState(), split_batches=False, even_batches=True
+        )
+
+
+def test_one_process_adopts_the_shuffle_generator_of_a_multi_process_checkpoint() -> None:
+    saved = prepare_loader(
+        DataLoader(range(8), shuffle=True),
+        _two_process_state(),
+        StepState(),
+        split_batches=False,
+        even_batches=True,
+    )
+    assert saved.batch_sampler.sampler.generator is not None
+    single = Accelerator(cpu=True).prepare(DataLoader(range(8), shuffle=True))
+    assert single.batch_sampler.sampler.generator is None
+    single.load_state_dict(saved.state_dict())
+    assert torch.equal(
+        single.batch_sampler.sampler.generator.get_state(),
+        saved.batch_sampler.sampler.generator.get_state(),
+    )

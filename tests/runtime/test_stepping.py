@@ -111,3 +111,15 @@ def test_a_scheduler_built_on_the_prepared_optimizer_is_found_and_wrapped() -> N
     scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, 1))
     assert isinstance(scheduler, PreparedScheduler)
     assert scheduler.optimizers == [optimizer]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_optimizer_state_loaded_before_prepare_follows_the_model_to_the_device() -> None:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert all(s["exp_avg"].is_cuda for s in optimizer.state.values())
