@@ -56,6 +56,20 @@ class Plan:
     def needs_human(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message, manual=True))
 
+    def remove(self, statement: cst.CSTNode | None) -> None:
+        """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
+        if statement is None:
+            return
+        self.edits.remove(statement)  # type: ignore[arg-type]
+        block = self.analysis.parent(statement)
+        owner = self.analysis.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if (
+            isinstance(owner, cst.If)
+            and owner.orelse is None
+            and all(self.edits.is_removed(s) for s in block.body)  # type: ignore[union-attr]
+        ):
+            self.remove(owner)
+
     def accelerator(self, node: cst.CSTNode) -> cst.BaseExpression | None:
         """How code at ``node`` reaches the accelerator, or None when it cannot."""
         setup = self.setup

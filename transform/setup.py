@@ -32,6 +32,7 @@ class Setup:
     exists: bool  # the script already creates it
     prepared: list[Binding] = field(default_factory=list)  # what prepare() will wrap
     already_prepared: set[str] = field(default_factory=set)
+    unprepared: list[Binding] = field(default_factory=list)  # built conditionally: left to a human
 
     @property
     def on_self(self) -> bool:
@@ -163,6 +164,14 @@ def _to_prepare(a: Analysis, setup: Setup) -> list[Binding]:
     for b in _owned(a, setup.scope):
         if not b.nested and b.key not in setup.already_prepared:
             latest[b.key] = b
+    setup.unprepared = [
+        b
+        for b in _owned(a, setup.scope)
+        if b.nested
+        and not b.in_loop
+        and b.key not in latest
+        and b.key not in setup.already_prepared
+    ]
     if setup.scope.is_module and not latest:
         return _free_names(a, setup)
     order = {role: i for i, role in enumerate(TRAINING_ROLES)}

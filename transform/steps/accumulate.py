@@ -111,7 +111,7 @@ def _drop_division(plan: Plan, loop: Loop, steps: cst.BaseExpression) -> None:
             and _divides_by(plan, node.value, code)
             and key_of(node.value.left) == b.key  # type: ignore[attr-defined]
         ):
-            plan.edits.remove(a.statement_of(node))  # type: ignore[arg-type]
+            plan.remove(a.statement_of(node))  # type: ignore[arg-type]
             plan.changed(node, "removed the manual loss division: accumulate() scales the loss")
             _flag_later_reads(plan, loop, b.key, a.line(node), code)
     for statement in _walk_statements(loop.node):
@@ -121,7 +121,7 @@ def _drop_division(plan: Plan, loop: Loop, steps: cst.BaseExpression) -> None:
                 and isinstance(small.operator, cst.DivideAssign)
                 and plan.analysis.module.code_for_node(small.value) == code
             ):
-                plan.edits.remove(statement)
+                plan.remove(statement)
                 plan.changed(
                     small, "removed the manual loss division: accumulate() scales the loss"
                 )

@@ -18,26 +18,23 @@ from accelify.transform.steps.backward import to_accelerator_backward
 _AUTOCASTS = frozenset({"autocast"})
 
 
+_SCALER_METHODS = frozenset({"scale", "step", "unscale_", "update"})
+
+
 def amp(plan: Plan) -> None:
     if plan.setup is None:
         return
     a = plan.analysis
-    scalers = {
-        (a.owner(b.scope, b.key), b.key): b
-        for b in a.bindings
-        if a.role(b.scope, b.key) is Role.SCALER
-    }
+    scalers = [
+        b for b in a.bindings if b.value is not None and a.role(b.scope, b.key) is Role.SCALER
+    ]
     precision: str | None = "fp16" if scalers else None
     enabled: cst.BaseExpression | None = None
-    for b in scalers.values():
-        if isinstance(b.value, cst.Call) and (flag := keyword_arg(b.value, "enabled")) is not None:
-            enabled = flag.value
-        plan.edits.remove(b.statement if b.statement is b.node else a.statement_of(b.node))  # type: ignore[arg-type]
-        plan.changed(b.node, f"removed {b.key}: the accelerator scales the loss")
     for call, scope in a.calls:
         receiver = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
-        if receiver is not None and (a.owner(scope, receiver), receiver) in scalers:
-            _rewrite_scaler_call(plan, call)
+        if receiver is not None and a.role(scope, receiver) is Role.SCALER:
+            if call.func.attr.value in _SCALER_METHODS:  # type: ignore[union-attr]
+                _rewrite_scaler_call(plan, call)
         elif (
             callee_name(call) in _AUTOCASTS
             and isinstance(a.parent(call), cst.WithItem)
@@ -45,6 +42,16 @@ def amp(plan: Plan) -> None:
         ):
             precision = _autocast_precision(call) or precision
             _rewrite_autocast(plan, call)
+    other_uses = _other_scaler_uses(plan)
+    for b in scalers:
+        if isinstance(b.value, cst.Call) and (flag := keyword_arg(b.value, "enabled")) is not None:
+            enabled = flag.value
+        if other_uses:
+            continue
+        plan.remove(a.statement_of(b.node))
+        plan.changed(b.node, f"removed {b.key}: the accelerator scales the loss")
+    for use in other_uses:
+        plan.needs_human(use, "the accelerator scales the loss now: remove this use of the scaler")
     if precision is not None:
         value: cst.BaseExpression = cst.SimpleString(f'"{precision}"')
         if enabled is not None:  # GradScaler(enabled=args.amp): keep the switch
@@ -52,12 +59,37 @@ def amp(plan: Plan) -> None:
         plan.accelerator_kwargs.setdefault("mixed_precision", value)
 
 
+def _other_scaler_uses(plan: Plan) -> list[cst.Name]:
+    """Reads of a scaler other than the calls this step rewrites (passed on, checkpointed, ...)."""
+    a = plan.analysis
+    uses: list[cst.Name] = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            scope = a.scope_of.get(id(node))
+            if scope is None or a.role(scope, node.value) is not Role.SCALER:
+                return
+            parent = a.parent(node)
+            if isinstance(parent, cst.AssignTarget | cst.Param):
+                return
+            if (
+                isinstance(parent, cst.Attribute)
+                and parent.value is node
+                and parent.attr.value in _SCALER_METHODS
+            ):
+                return
+            uses.append(node)
+
+    a.module.visit(_Finder())
+    return uses
+
+
 def _rewrite_scaler_call(plan: Plan, call: cst.Call) -> None:
     a = plan.analysis
     method = call.func.attr.value  # type: ignore[union-attr]
     accelerator = plan.accelerator(call)
     if method in {"update", "unscale_"} and isinstance(a.parent(call), cst.Expr):
-        plan.edits.remove(a.statement_of(call))  # type: ignore[arg-type]
+        plan.remove(a.statement_of(call))  # type: ignore[arg-type]
         plan.changed(call, f"removed scaler.{method}(): the accelerator handles it")
     elif method == "step" and call.args:
         optimizer = call.args[0].value

@@ -25,7 +25,7 @@ def device(plan: Plan) -> None:
             continue
         slot = (a.owner(b.scope, b.key), b.key)
         if slot in seen:
-            plan.edits.remove(a.statement_of(b.node))  # type: ignore[arg-type]
+            plan.remove(a.statement_of(b.node))  # type: ignore[arg-type]
             plan.changed(b.node, f"removed second choice of {b.key}")
             continue
         seen.add(slot)

@@ -65,7 +65,7 @@ def moves(plan: Plan) -> None:
         move = device_move(call, a)
         if move is None:
             continue
-        receiver = key_of(move.func.value)  # type: ignore[union-attr]
+        receiver = _receiver_key(move.func.value)  # type: ignore[union-attr]
         if receiver is not None and (
             a.role(scope, receiver) is Role.MODEL
             and (receiver in models or scope is not setup.scope)
@@ -79,6 +79,13 @@ def moves(plan: Plan) -> None:
     for loop in a.loops:
         if _prepared_loop(a, loop):
             _drop_comprehension_moves(plan, loop)
+
+
+def _receiver_key(receiver: cst.BaseExpression) -> str | None:
+    """``x`` for ``x.to(...)`` and for ``x[0].to(...)`` / ``x["ids"].to(...)``."""
+    if isinstance(receiver, cst.Subscript):
+        receiver = receiver.value
+    return key_of(receiver)
 
 
 def _is_model_build(a: Analysis, move: cst.Call) -> bool:
@@ -97,7 +104,7 @@ def _drop_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
     parent = a.parent(move)
     statement = a.statement_of(move)
     if isinstance(parent, cst.Expr) or _self_assign(parent, receiver, move):
-        _remove_statement(plan, statement)
+        plan.remove(statement)
     else:
         plan.edits.replace(move, without_move)
     plan.changed(move, f"removed the move of {receiver}: prepare() places the model")
@@ -142,7 +149,7 @@ def _drop_batch_move(plan: Plan, move: cst.Call, receiver: str) -> None:
     a = plan.analysis
     parent = a.parent(move)
     if _self_assign(parent, receiver, move) or _is_tuple_of_moves(a, parent, move):
-        _remove_statement(plan, a.statement_of(move))
+        plan.remove(a.statement_of(move))
     else:
         plan.edits.replace(move, without_move)
     plan.changed(move, f"removed the move of {receiver}: prepared loaders place batches")
@@ -172,9 +179,7 @@ def _drop_comprehension_moves(plan: Plan, loop: Loop) -> None:
             continue
         value = b.node.value if isinstance(b.node, cst.Assign) else None
         if _moves_each_item(a, value, b.key):
-            _remove_statement(
-                plan, b.statement if b.statement is b.node else a.statement_of(b.node)
-            )
+            plan.remove(a.statement_of(b.node))
             plan.changed(b.node, f"removed the move of {b.key}: prepared loaders place batches")
 
 
@@ -194,19 +199,3 @@ def _moves_each_item(a: Analysis, value: cst.CSTNode | None, batch: str) -> bool
         else (dotted_name(value.for_in.iter))
     )
     return device_move(element, a) is not None and source in {batch, f"{batch}.items"}
-
-
-def _remove_statement(plan: Plan, statement: cst.CSTNode | None) -> None:
-    """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
-    a = plan.analysis
-    if statement is None:
-        return
-    plan.edits.remove(statement)  # type: ignore[arg-type]
-    block = a.parent(statement)
-    owner = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if (
-        isinstance(owner, cst.If)
-        and owner.orelse is None
-        and all(plan.edits.is_removed(s) for s in block.body)  # type: ignore[union-attr]
-    ):
-        _remove_statement(plan, owner)

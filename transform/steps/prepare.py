@@ -36,6 +36,8 @@ def prepare(plan: Plan) -> None:
             return
         plan.edits.insert_before(where, statement)
     plan.changed(where, f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()")
+    for b in setup.unprepared:
+        plan.needs_human(b.node, f"{b.key} is built conditionally: add it to prepare() by hand")
 
 
 def _prepare_code(keys: list[str], accelerator: str, indent: int) -> str:

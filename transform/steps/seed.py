@@ -43,5 +43,5 @@ def seed(plan: Plan) -> None:
                 and inner.args
                 and module.code_for_node(inner.args[0].value) == arg
             ):
-                plan.edits.remove(sibling)
+                plan.remove(sibling)
                 plan.changed(inner, f"removed {dotted_name(inner.func)}: set_seed covers it")
