@@ -48,6 +48,8 @@ def parse_size(size: int | str) -> int:
 @contextlib.contextmanager
 def _atomic(path: Path) -> Iterator[str]:
     """Yield a temporary name next to ``path``; rename it to ``path`` if the block succeeds."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path.parent}: no such folder to save {path.name} in")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -212,3 +212,11 @@ def test_resume_and_automatic_naming_errors_are_one_line(tmp_path: Path) -> None
     auto = _training(tmp_path)[0]
     with pytest.raises(FileNotFoundError, match="no checkpoint to resume"):
         auto.load_state()
+
+
+def test_free_memory_forgets_what_was_prepared(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert accelerator.free_memory(model) == [None]
+    folder = Path(accelerator.save_state(tmp_path / "state"))
+    assert not (folder / "model.safetensors").exists()

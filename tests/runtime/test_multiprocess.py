@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
         "resumed": _records(resumed, "accelify"),
         "one": _records(one, "accelify"),
         "one_hf": _records(one, "hf"),
+        "saved": [torch.load(two / f"{impl}_saved.pt") for impl in ("accelify", "hf")],
     }
 
 
@@ -103,6 +105,19 @@ def test_same_losses_learning_rates_and_weights_as_hf_accelerate(runs: dict, cou
         assert mine["losses"] == pytest.approx(hf["losses"], rel=1e-6)
         assert mine["lrs"] == pytest.approx(hf["lrs"])
         assert mine["params"] == pytest.approx(hf["params"], rel=1e-6, abs=1e-7)
+
+
+def test_collectives_and_save_behave_like_hf_accelerate(runs: dict) -> None:
+    expected = {
+        "sum": 3.0,
+        "mean": 1.5,
+        "padded": [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]],  # rank 0's row padded first
+        "objects": ["rank0", "rank1"],
+        "shares": [0, 1, 2, 3, 4, 4],  # [0, 1, 2] and [3, 4] padded to [3, 4, 4]
+    }
+    for record in runs["two"] + runs["two_hf"]:
+        assert record["collectives"] == expected
+    assert runs["saved"] == [{"written_by": 0}, {"written_by": 0}]
 
 
 def test_resuming_in_new_processes_equals_training_straight_through(runs: dict) -> None:
