@@ -10,6 +10,7 @@ function runs on one process or all is known only at the end (who calls it), so 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,7 +19,8 @@ import libcst as cst
 
 from accelify.transform.patterns import Role, callee_name, constructor_role, dotted_name
 
-GUARD_ATTRS = frozenset({"is_main_process", "is_local_main_process"})
+# ``accelerator.is_main_process``, ``is_local_main_process``, ``is_master``, ``rank_zero()``...
+_GUARD_NAME = re.compile(r"^(is_)?(local_)?(main|master|rank_?0|rank_zero)(_process)?$")
 RANK_NAMES = frozenset(
     {"process_index", "local_process_index", "rank", "local_rank", "global_rank", "get_rank"}
 )
@@ -34,7 +36,7 @@ _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
 _EXITS = (cst.Return, cst.Continue, cst.Break, cst.Raise)
 _MODEL_WORDS = ("model", "net", "module", "encoder", "decoder", "unet", "vae", "transformer")
 
-RunsOn = Literal["main", "all", "unknown"]
+RunsOn = Literal["main", "others", "all", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,12 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Where:
-    """Where a node sits: its innermost function and whether a main-process guard encloses it."""
+    """Where a node sits: its innermost function and the process guards around it there."""
 
     function: cst.FunctionDef | None
-    guarded: bool
+    guarded: bool  # under ``if accelerator.is_main_process:`` (or after an early exit of others)
+    others: bool = False  # in the ``else`` of such a guard: every process but the main one
+    accelerator: bool = False  # an accelerator name is visible here
 
 
 @dataclass(eq=False)
@@ -61,6 +65,7 @@ class _Scope:
     node: cst.Module | cst.FunctionDef
     params: frozenset[str]
     guard: int = 0
+    others: int = 0
     prepared: dict[str, Prepared | None] = field(default_factory=dict)
     parts: dict[str, Prepared | None] = field(default_factory=dict)  # batch name -> its loader
     accelerators: set[str] = field(default_factory=set)
@@ -83,19 +88,24 @@ def name_role(name: str | None) -> Role | None:
     return None
 
 
-def guard_polarity(test: cst.BaseExpression) -> int:
-    """+1 if ``test`` is true only on the main process, -1 if only elsewhere, 0 if unknown."""
+def guard_polarity(test: cst.BaseExpression, aliases: dict[str, int] | None = None) -> int:
+    """+1 if ``test`` is true only on the main process, -1 if only elsewhere, 0 if unknown.
+
+    ``aliases`` maps names that hold such a test (``is_main = accelerator.is_main_process``).
+    """
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return -guard_polarity(test.expression)
+        return -guard_polarity(test.expression, aliases)
     if isinstance(test, cst.BooleanOperation):
-        sides = (guard_polarity(test.left), guard_polarity(test.right))
+        sides = (guard_polarity(test.left, aliases), guard_polarity(test.right, aliases))
         wanted = 1 if isinstance(test.operator, cst.And) else -1
         return wanted if wanted in sides else 0
     if isinstance(test, cst.Call):
-        return 1 if callee_name(test) in GUARD_ATTRS else 0
+        return 1 if _GUARD_NAME.match(callee_name(test) or "") else 0
     name = dotted_name(test)
     if name is not None:
-        return 1 if name.rsplit(".", 1)[-1] in GUARD_ATTRS else 0
+        if aliases and name in aliases:
+            return aliases[name]
+        return 1 if _GUARD_NAME.match(name.rsplit(".", 1)[-1]) else 0
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         return _rank_comparison(test)
     return 0
@@ -154,6 +164,7 @@ class Facts:
         self._scopes: list[_Scope] = []
         self._sites: list[tuple[str, Where]] = []  # a function name called or passed, and where
         self._reach: dict[cst.FunctionDef, set[str]] | None = None
+        self._guard_aliases: dict[str, int] = {}
 
     # -- questions rules ask -------------------------------------------------------------------
 
@@ -184,25 +195,39 @@ class Facts:
 
     def accelerator_here(self) -> str | None:
         """The one accelerator name visible at this point, for fixes that must name it."""
+        names = self._visible_accelerators()
+        return names.pop() if len(names) == 1 else None
+
+    def _visible_accelerators(self) -> set[str]:
         names: set[str] = set()
         for scope in self._scopes:
             names |= scope.accelerators
             names |= {p for p in scope.params if p == "accelerator"}
-        return names.pop() if len(names) == 1 else None
+        return names
 
     def where(self) -> Where:
         scope = self._scopes[-1]
         function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
-        return Where(function, scope.guard > 0)
+        visible = bool(self._visible_accelerators())
+        return Where(function, scope.guard > 0, scope.others > 0, visible)
 
     def runs_on(self, where: Where) -> RunsOn:
-        """Whether code at ``where`` runs on the main process only, on all, or we cannot tell."""
+        """Which processes run code at ``where``: the main one, the others, all, or unknown."""
         if where.guarded:
             return "main"
+        if where.others:
+            return "others"
         if where.function is None:
             return "all"
         reach = self._reachability().get(where.function, set())
-        return "all" if "all" in reach else "main" if "main" in reach else "unknown"
+        return next((kind for kind in ("all", "main", "others") if kind in reach), "unknown")
+
+    def called_with_accelerator(self, function: cst.FunctionDef | None) -> bool:
+        """Whether some call of ``function`` in this file has an accelerator in sight."""
+        if function is None:
+            return False
+        name = function.name.value
+        return any(site == name and where.accelerator for site, where in self._sites)
 
     # -- scopes and guards ----------------------------------------------------------------------
 
@@ -234,23 +259,33 @@ class Facts:
         scope.guard -= scope.exits.pop()
 
     def visit_If_body(self, node: cst.If) -> None:
-        self._scopes[-1].guard += guard_polarity(node.test) > 0
+        self._branch(node, 1, 1)
 
     def leave_If_body(self, node: cst.If) -> None:
-        self._scopes[-1].guard -= guard_polarity(node.test) > 0
+        self._branch(node, 1, -1)
 
     def visit_If_orelse(self, node: cst.If) -> None:
-        self._scopes[-1].guard += guard_polarity(node.test) < 0
+        self._branch(node, -1, 1)
 
     def leave_If_orelse(self, node: cst.If) -> None:
-        self._scopes[-1].guard -= guard_polarity(node.test) < 0
+        self._branch(node, -1, -1)
+
+    def _branch(self, node: cst.If, side: int, step: int) -> None:
+        """Enter (step 1) or leave (-1) the body (side 1) or else branch (-1) of a guard."""
+        polarity = guard_polarity(node.test, self._guard_aliases) * side
+        scope = self._scopes[-1]
+        if polarity > 0:
+            scope.guard += step
+        elif polarity < 0:
+            scope.others += step
 
     def leave_If(self, node: cst.If) -> None:
         """``if not accelerator.is_main_process: return`` guards the rest of the block."""
         body = node.body.body
         last = body[-1] if body else None
         exits = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], _EXITS)
-        if exits and node.orelse is None and guard_polarity(node.test) < 0:
+        polarity = guard_polarity(node.test, self._guard_aliases)
+        if exits and node.orelse is None and polarity < 0:
             scope = self._scopes[-1]
             scope.guard += 1
             scope.exits[-1] += 1
@@ -309,6 +344,14 @@ class Facts:
             self.accelerators[names[0]] = value
             scope.accelerators.add(names[0])
             return
+        if len(names) == 1:
+            if names[0].rsplit(".", 1)[-1] == "accelerator":  # built by a helper, by convention
+                scope.accelerators.add(names[0])
+            polarity = guard_polarity(value, self._guard_aliases)
+            if polarity:
+                self._guard_aliases[names[0]] = polarity
+            else:
+                self._guard_aliases.pop(names[0], None)
         role = constructor_role(value)
         if role is not None and len(names) == 1:
             self.roles[names[0]] = role
@@ -393,6 +436,8 @@ class Facts:
                         continue
                     if where.guarded:
                         new = {"main"}
+                    elif where.others:
+                        new = {"others"}
                     elif where.function is None:
                         new = {"all"}
                     else:

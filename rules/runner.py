@@ -92,5 +92,5 @@ def _in_cell(finding: Finding, book: notebook.Notebook) -> Finding:
     cell, line = book.place(finding.line)
     end_cell, end_line = book.place(finding.end_line)
     end_line = end_line if end_cell == cell else line
-    # Fixes are not written back into notebooks (cells would have to be re-split), so none is offered.
+    # Notebooks are never rewritten (cells would need re-splitting), so no fix is offered.
     return dataclasses.replace(finding, cell=cell, line=line, end_line=end_line, fix=None)

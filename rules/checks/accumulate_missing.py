@@ -120,7 +120,9 @@ class AccumulateMissing(Rule):
 
 
 def _is_modulo_zero(test: cst.BaseExpression) -> bool:
-    """``(step + 1) % n == 0`` and friends."""
+    """``(step + 1) % n == 0`` and friends, also ``... or step == len(loader) - 1``."""
+    if isinstance(test, cst.BooleanOperation):
+        return _is_modulo_zero(test.left) or _is_modulo_zero(test.right)
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return False
     target = test.comparisons[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import method_call
-from accelify.rules.facts import Facts
+from accelify.rules.facts import Facts, Where
 from accelify.rules.rule import Invalid, Report, Rule, Severity
 
 
@@ -13,7 +13,8 @@ class BackwardBypass(Rule):
     """`loss.backward()` in a script that creates an `Accelerator`.
 
     ## What it does
-    Flags `.backward()` called on a loss instead of `accelerator.backward(loss)`.
+    Flags `.backward()` called on a loss instead of `accelerator.backward(loss)`, where an
+    accelerator is in sight (or in a function called where one is).
 
     ## Why is this bad?
     `accelerator.backward` scales the loss for mixed precision, divides it for gradient
@@ -45,6 +46,8 @@ class BackwardBypass(Rule):
         "import torch\nloss = model(x).sum()\nloss.backward()  # no Accelerator: plain PyTorch",
         "accelerator = Accelerator()\nengine.backward(loss)  # a DeepSpeed engine takes the loss",
         "accelerator = Accelerator()\ntorch.autograd.backward(loss)",
+        "def baseline(model, x):\n    model(x).sum().backward()\n\nbaseline(net, x)\n"
+        "accelerator = Accelerator()",
     )
     INVALID = (
         Invalid(
@@ -57,13 +60,13 @@ class BackwardBypass(Rule):
         ),
         Invalid(
             "def step(model, batch):\n    model(batch).loss.backward()\n\n"
-            "def main():\n    accelerator = Accelerator()\n"
+            "def main():\n    accelerator = Accelerator()\n    step(model, batch)\n"
         ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
-        self._candidates: list[tuple[cst.Call, str | None]] = []
+        self._candidates: list[tuple[cst.Call, str | None, Where]] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -74,12 +77,14 @@ class BackwardBypass(Rule):
             and not isinstance(func.value, cst.Call)
             and not self.facts.is_accelerator(func.value)
         ):
-            self._candidates.append((node, self.facts.accelerator_here()))
+            self._candidates.append((node, self.facts.accelerator_here(), self.facts.where()))
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self.facts.creates_accelerator:
             return
-        for call, accelerator in self._candidates:
+        for call, accelerator, where in self._candidates:
+            if not (where.accelerator or self.facts.called_with_accelerator(where.function)):
+                continue  # code that never meets the Accelerator (a plain-PyTorch baseline)
             assert isinstance(call.func, cst.Attribute)
             message = "`.backward()` bypasses the Accelerator; use `accelerator.backward(loss)`"
             if accelerator is None:

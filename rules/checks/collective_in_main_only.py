@@ -71,6 +71,10 @@ class CollectiveInMainOnly(Rule):
         ),
         Invalid("import torch.distributed as dist\nif dist.get_rank() == 0:\n    dist.barrier()\n"),
         Invalid(
+            "accelerator = Accelerator()\nif accelerator.is_main_process:\n    pass\n"
+            "else:\n    accelerator.wait_for_everyone()\n"
+        ),
+        Invalid(
             "accelerator = Accelerator()\n\ndef finish(model):\n"
             "    accelerator.save_model(model, 'out')\n\n"
             "if accelerator.is_local_main_process:\n    finish(model)\n"
@@ -94,9 +98,11 @@ class CollectiveInMainOnly(Rule):
 
     def leave_Module(self, node: cst.Module) -> None:
         for call, where, method in self._candidates:
-            if self.facts.runs_on(where) == "main":
+            runs_on = self.facts.runs_on(where)
+            if runs_on in ("main", "others"):
+                who = "the main process only" if runs_on == "main" else "all but the main process"
                 self.report(
                     call,
-                    f"`{method}` is a collective but runs on the main process only: the "
-                    "job hangs; call it on every process",
+                    f"`{method}` is a collective but runs on {who}: the job hangs; "
+                    "call it on every process",
                 )

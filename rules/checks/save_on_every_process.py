@@ -62,6 +62,12 @@ class SaveOnEveryProcess(Rule):
         "accelerator = Accelerator()\n\ndef save(s):\n    torch.save(s, 'a.pt')\n\n"
         "if accelerator.is_main_process:\n    save(1)",
         "accelerator = Accelerator()\nwith open('cfg.json') as f:\n    pass",
+        "accelerator = Accelerator()\nis_main = accelerator.is_main_process\nif is_main:\n"
+        "    torch.save(s, 'a.pt')",
+        "accelerator = Accelerator()\nif args.push and accelerator.is_local_main_process:\n"
+        "    torch.save(s, 'a.pt')",
+        "accelerator = Accelerator()\nif accelerator.is_main_process:\n    pass\n"
+        "else:\n    torch.save(s, 'others.pt')  # decided per process on purpose",
         "accelerator = Accelerator()\n"
         "with open(f'log_{accelerator.process_index}.txt', 'w') as f:\n    pass",
         "accelerator = Accelerator()\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.facts import Facts, target_names
+from accelify.rules.facts import Facts, prepare_call, target_names
 from accelify.rules.rule import Invalid, Report, Rule, Severity
 from accelify.transform.patterns import Role, constructor_role, dotted_name
 
@@ -45,6 +45,9 @@ class StaleOptimizerParams(Rule):
         "model, optimizer = accelerator.prepare(model, optimizer)",
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "optimizer = AdamW(model.parameters())\noptimizer = accelerator.prepare(optimizer)",
+        "accelerator = Accelerator()\n\ndef setup():\n    model = accelerator.prepare(model)\n\n"
+        "def train():\n    optimizer = SGD(model.parameters())\n"
+        "    model, optimizer = accelerator.prepare(model, optimizer)",
     )
     INVALID = (
         Invalid(
@@ -56,8 +59,8 @@ class StaleOptimizerParams(Rule):
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
         self._models: set[str] | None = None  # while inside an optimizer's constructor
-        # (optimizer name, its constructor call, models whose parameters it took)
-        self._optimizers: list[tuple[str, cst.Call, set[str]]] = []
+        # Optimizers not yet seen in a prepare call, per function: (name, constructor, models).
+        self._open: dict[cst.FunctionDef | None, list[tuple[str, cst.Call, set[str]]]] = {}
 
     def visit_Assign_value(self, node: cst.Assign) -> None:
         if constructor_role(node.value) is Role.OPTIMIZER:
@@ -65,8 +68,9 @@ class StaleOptimizerParams(Rule):
 
     def leave_Assign_value(self, node: cst.Assign) -> None:
         names = [n for t in node.targets for n in target_names(t.target)]
-        if self._models and len(names) == 1:
-            self._optimizers.append((names[0], node.value, self._models))  # type: ignore[arg-type]
+        if self._models and len(names) == 1 and isinstance(node.value, cst.Call):
+            entry = (names[0], node.value, self._models)
+            self._open.setdefault(self.facts.where().function, []).append(entry)
         self._models = None
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -80,17 +84,22 @@ class StaleOptimizerParams(Rule):
             name = dotted_name(func.value)
             if name is not None:
                 self._models.add(name)
+        elif prepare_call(node, self.facts) is not None:
+            self._prepared(node)
 
-    def leave_Module(self, node: cst.Module) -> None:
-        for optimizer, call, models in self._optimizers:
-            for prepare in self.facts.prepare_calls:
-                args = {dotted_name(a.value) for a in prepare.args}
-                if models & args and optimizer not in args:
-                    model = sorted(models & args)[0]
-                    self.report(
-                        call,
-                        f"built from `{model}`'s parameters, but `{model}` is prepared without "
-                        "this optimizer: under FSDP/DeepSpeed it updates stale tensors; prepare "
-                        "them in one call",
-                    )
-                    break
+    def _prepared(self, call: cst.Call) -> None:
+        """The first prepare call (same function) that takes an optimizer's model decides."""
+        args = {dotted_name(a.value) for a in call.args}
+        still_open = []
+        for optimizer, constructor, models in self._open.get(self.facts.where().function, []):
+            if not models & args:
+                still_open.append((optimizer, constructor, models))
+            elif optimizer not in args:
+                model = sorted(models & args)[0]  # type: ignore[type-var]
+                self.report(
+                    constructor,
+                    f"built from `{model}`'s parameters, but `{model}` is prepared without "
+                    "this optimizer: under FSDP/DeepSpeed it updates stale tensors; prepare "
+                    "them in one call",
+                )
+        self._open[self.facts.where().function] = still_open

@@ -54,7 +54,7 @@ def test_text_format_on_a_terminal_shows_an_excerpt(results) -> None:
     out = Console(record=True, force_terminal=True, width=200)
     render_text(results[:1], out)
     text = out.export_text()
-    assert '  39 |     torch.save(model.state_dict(), "model.pt")' in text
+    assert '  42 |     torch.save(model.state_dict(), "model.pt")' in text
     assert "\n" + " " * 11 + "^" * 38 in text  # under the call, as wide as it
 
 

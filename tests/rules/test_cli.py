@@ -1,0 +1,157 @@
+"""accel-lint as users run it: exit codes, selection, config, suppression, fixes, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import FIXTURES
+
+BUGGY = (
+    "import torch\n"
+    "from accelerate import Accelerator\n"
+    "accelerator = Accelerator()\n"
+    "model, opt = accelerator.prepare(model, opt)\n"
+    "loss.backward()\n"
+    "state = torch.load('x.pt')\n"
+)
+
+
+@pytest.fixture
+def buggy(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(BUGGY)
+    return path
+
+
+def codes(out: str) -> list[str]:
+    return [line.split(": ", 1)[1].split()[0] for line in out.splitlines() if ": ACL" in line]
+
+
+def test_exit_codes_and_plain_lines_in_a_pipe(lint_cli, buggy: Path) -> None:
+    result = lint_cli(str(buggy))
+    assert result.code == 1
+    assert f"{buggy}:5:1: ACL201 [*] " in result.out
+    assert codes(result.out) == ["ACL201", "ACL103"]
+    assert lint_cli(str(buggy), "--exit-zero").code == 0
+    assert lint_cli(str(FIXTURES / "clean_train.py")).code == 0
+
+
+def test_select_and_ignore_by_code_prefix_and_name(lint_cli, buggy: Path) -> None:
+    assert codes(lint_cli(str(buggy), "--select", "ACL1").out) == ["ACL103"]
+    assert codes(lint_cli(str(buggy), "--ignore", "backward-bypass").out) == ["ACL103"]
+    bad = lint_cli(str(buggy), "--select", "ACL9")
+    assert bad.code == 2 and bad.err.strip() == "accel-lint:0: unknown rule selector 'ACL9'"
+
+
+def test_off_by_default_rules_need_selecting(lint_cli, tmp_path: Path) -> None:
+    path = tmp_path / "p.py"
+    path.write_text("from accelerate import Accelerator\naccelerator = Accelerator()\nprint(1)\n")
+    assert lint_cli(str(path)).code == 0
+    assert codes(lint_cli(str(path), "--select", "ACL301").out) == ["ACL301"]
+
+
+def test_pyproject_config_is_found_by_walking_up(lint_cli, buggy: Path) -> None:
+    (buggy.parent / "pyproject.toml").write_text(
+        '[tool.accelify.lint]\nignore = ["ACL103"]\n'
+        '[tool.accelify.lint.per-file-ignores]\n"sub/*.py" = ["ACL201"]\n'
+    )
+    sub = buggy.parent / "sub"
+    sub.mkdir()
+    (sub / "other.py").write_text(BUGGY)
+    result = lint_cli(str(buggy.parent))
+    assert codes(result.out) == ["ACL201"]
+    assert f"{buggy}:5:1" in result.out
+
+
+def test_explicit_config_file_and_its_errors(lint_cli, buggy: Path, tmp_path: Path) -> None:
+    settings = tmp_path / "lint.toml"
+    settings.write_text('select = ["ACL201"]\n')
+    assert codes(lint_cli(str(buggy), "--config", str(settings)).out) == ["ACL201"]
+    settings.write_text('selct = ["ACL201"]\n')
+    result = lint_cli(str(buggy), "--config", str(settings))
+    assert result.code == 2
+    assert result.err.strip() == f"{settings}:1: unknown [tool.accelify.lint] key(s): selct"
+
+
+def test_noqa_comments_and_file_level_opt_out(lint_cli, tmp_path: Path) -> None:
+    path = tmp_path / "t.py"
+    path.write_text(BUGGY.replace("loss.backward()", "loss.backward()  # noqa: ACL201"))
+    assert codes(lint_cli(str(path)).out) == ["ACL103"]
+    path.write_text(BUGGY.replace("torch.load('x.pt')", "torch.load('x.pt')  # noqa"))
+    assert codes(lint_cli(str(path)).out) == ["ACL201"]
+    path.write_text(BUGGY.replace("loss.backward()", "loss.backward()  # noqa: ACL103"))
+    assert codes(lint_cli(str(path)).out) == ["ACL201", "ACL103"]  # other code: not silenced
+    path.write_text("# accelify: noqa\n" + BUGGY)
+    assert lint_cli(str(path)).code == 0
+
+
+def test_fix_writes_safe_fixes_and_reports_the_rest(lint_cli, buggy: Path) -> None:
+    result = lint_cli(str(buggy), "--fix")
+    assert result.code == 1
+    assert "accelerator.backward(loss)" in buggy.read_text()
+    assert codes(result.out) == ["ACL103"]
+    assert "Fixed 1 problem." in result.out
+    result = lint_cli(str(buggy), "--fix", "--unsafe-fixes")
+    assert result.code == 0
+    assert "torch.load('x.pt', weights_only=True)" in buggy.read_text()
+
+
+def test_diff_shows_fixes_and_writes_nothing(lint_cli, buggy: Path) -> None:
+    result = lint_cli(str(buggy), "--diff")
+    assert result.code == 1
+    assert "-loss.backward()\n+accelerator.backward(loss)\n" in result.out
+    assert buggy.read_text() == BUGGY
+    assert lint_cli(str(FIXTURES / "clean_train.py"), "--diff").code == 0
+
+
+def test_bad_input_is_one_line_exit_2_and_other_files_still_linted(
+    lint_cli, buggy: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nx = (\n")
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"import torch\nname = '\xe9'\n")
+    result = lint_cli(str(broken), str(latin), str(buggy), str(tmp_path / "missing.py"))
+    assert result.code == 2
+    assert codes(result.out) == ["ACL201", "ACL103"]
+    assert result.err.splitlines() == [
+        f"{broken}:2: syntax error: '(' was never closed",
+        f"{latin}:2: not valid utf-8 (byte 0xe9)",
+        f"{tmp_path / 'missing.py'}:0: no such file",
+    ]
+    assert "Traceback" not in result.err
+
+
+def test_jobs_give_the_same_findings(lint_cli) -> None:
+    paths = [str(FIXTURES / n) for n in ("planted.py", "clean_train.py", "notebook.ipynb")]
+    one = lint_cli(*paths, "--output-format", "json")
+    two = lint_cli(*paths, "--output-format", "json", "--jobs", "2")
+    assert json.loads(one.out) == json.loads(two.out) and one.code == two.code == 1
+
+
+def test_rule_docs_and_version(lint_cli) -> None:
+    doc = lint_cli("rule", "unwrapped-save")
+    assert doc.code == 0 and doc.out.startswith("# ACL101 unwrapped-save (error)")
+    assert "## Use instead" in doc.out
+    every = lint_cli("rule", "--all")
+    assert every.out.count("\n# ACL") + every.out.startswith("# ACL") >= 15
+    assert lint_cli("rule", "ACL999").code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        lint_cli("--version")
+    assert exit_info.value.code == 0
+
+
+def test_console_script_runs_without_importing_torch(buggy: Path) -> None:
+    code = (
+        "import sys; from accelify.rules.cli import run; rc = run(sys.argv[1:]);"
+        "print('torch' in sys.modules, rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(buggy)], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip().splitlines()[-1] == "False 1"
