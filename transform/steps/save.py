@@ -1,8 +1,9 @@
-"""``torch.save(model.state_dict(), path)`` saves the unwrapped model, once, after everyone is done.
+"""``torch.save`` in training code writes once; a model is saved unwrapped, after everyone is done.
 
-A prepared model is wrapped (DDP, FSDP, ...): its state dict has the wrapper's key prefixes and
-will not load into a plain model. ``accelerator.save`` writes on the main process only, and
-``wait_for_everyone()`` makes sure no process is still training when it does.
+Every process runs the script, so a plain ``torch.save`` writes the same file N times at once;
+``accelerator.save`` writes on the main process only. A prepared model is wrapped (DDP, FSDP,
+...): its state dict has the wrapper's key prefixes and will not load into a plain model, so it
+is unwrapped, and ``wait_for_everyone()`` makes sure no process is still training when it is saved.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import libcst as cst
 from accelify.transform.analysis import key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.setup import reachable
 
 
 def save(plan: Plan) -> None:
@@ -19,23 +21,27 @@ def save(plan: Plan) -> None:
     if setup is None:
         return
     a = plan.analysis
+    training = reachable(a, setup.scope)
     for call, scope in a.calls:
-        if dotted_name(call.func) != "torch.save" or len(call.args) < 2:
+        if dotted_name(call.func) != "torch.save" or len(call.args) < 2 or scope not in training:
             continue
         models = _model_uses(plan, call.args[0].value, scope)
         statement = a.statement_of(call)
-        if not models or not isinstance(a.parent(call), cst.Expr):
+        if not isinstance(a.parent(call), cst.Expr):
             continue
         accelerator = plan.accelerator(call)
         if accelerator is None:
-            plan.needs_human(call, "saves the model where the accelerator is not reachable")
+            plan.needs_human(call, "torch.save where the accelerator is not reachable")
+            continue
+        plan.edits.replace(call.func, cst.Attribute(accelerator, cst.Name("save")))
+        if not models:
+            plan.changed(call, "torch.save -> accelerator.save (main process only)")
             continue
         for node in models:
             unwrap = cst.Call(
                 cst.Attribute(accelerator, cst.Name("unwrap_model")), args=[cst.Arg(node)]
             )
             plan.edits.replace(node, unwrap)
-        plan.edits.replace(call.func, cst.Attribute(accelerator, cst.Name("save")))
         wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")
         # Blank lines and comments above the save now sit above the pair.
         wait = wait.with_changes(leading_lines=statement.leading_lines)  # type: ignore[union-attr]

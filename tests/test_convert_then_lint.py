@@ -1,0 +1,27 @@
+"""The converter and the linter agree: what accel-convert writes, accel-lint finds nothing in.
+
+Only cases the converter finished on its own count: where it left code for a human, that code
+may rightly be flagged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accelify.rules.checks import all_rules
+from accelify.rules.engine import lint
+from accelify.transform.convert import Options, convert
+
+CASES = sorted((Path(__file__).parent.parent / "fixtures" / "convert").rglob("*.in.py"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name.removesuffix(".in.py"))
+@pytest.mark.parametrize("target", ["accelify", "accelerate"])
+def test_converted_scripts_are_lint_clean(case: Path, target: str) -> None:
+    result = convert(case.read_text(), Options(target=target))
+    if result.manual:
+        pytest.skip("the converter left code for a human")
+    findings = lint(result.code, all_rules())
+    assert [f"{f.line}: {f.code} {f.message}" for f in findings] == []
