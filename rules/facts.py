@@ -58,6 +58,9 @@ class Where:
     guarded: bool  # under ``if accelerator.is_main_process:`` (or after an early exit of others)
     others: bool = False  # in the ``else`` of such a guard: every process but the main one
     accelerator: bool = False  # an accelerator name is visible here
+    branch: tuple[cst.If, int] | None = (
+        None  # the innermost guard ``if`` and side (1 body, -1 else)
+    )
 
 
 @dataclass(eq=False)
@@ -66,6 +69,7 @@ class _Scope:
     params: frozenset[str]
     guard: int = 0
     others: int = 0
+    branches: list[tuple[cst.If, int]] = field(default_factory=list)
     prepared: dict[str, Prepared | None] = field(default_factory=dict)
     parts: dict[str, Prepared | None] = field(default_factory=dict)  # batch name -> its loader
     accelerators: set[str] = field(default_factory=set)
@@ -209,7 +213,8 @@ class Facts:
         scope = self._scopes[-1]
         function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
         visible = bool(self._visible_accelerators())
-        return Where(function, scope.guard > 0, scope.others > 0, visible)
+        branch = scope.branches[-1] if scope.branches else None
+        return Where(function, scope.guard > 0, scope.others > 0, visible, branch)
 
     def runs_on(self, where: Where) -> RunsOn:
         """Which processes run code at ``where``: the main one, the others, all, or unknown."""
@@ -278,6 +283,10 @@ class Facts:
             scope.guard += step
         elif polarity < 0:
             scope.others += step
+        if polarity and step > 0:
+            scope.branches.append((node, side))
+        elif polarity:
+            scope.branches.pop()
 
     def leave_If(self, node: cst.If) -> None:
         """``if not accelerator.is_main_process: return`` guards the rest of the block."""

@@ -40,6 +40,10 @@ def check_file(path: str, options: Options) -> FileResult:
         _check(path, options, result)
     except SourceError as err:
         result.error = str(err)
+    except Exception as err:  # a bug in a rule must not hide the other files' findings
+        result.error = (
+            f"{result.path}:0: internal error (please report): {type(err).__name__}: {err}"
+        )
     return result
 
 

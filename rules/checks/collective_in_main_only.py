@@ -57,6 +57,8 @@ class CollectiveInMainOnly(Rule):
     severity = Severity.ERROR
 
     VALID = (
+        "import torch.distributed as dist\nif accelerator.is_main_process:\n"
+        "    dist.broadcast(full, src=0)\nelse:\n    dist.broadcast(empty, src=0)",
         "accelerator = Accelerator()\naccelerator.wait_for_everyone()\n"
         "if accelerator.is_main_process:\n    torch.save(s, 'a.pt')",
         "accelerator = Accelerator()\nif accelerator.is_main_process:\n    print('done')\n"
@@ -97,7 +99,11 @@ class CollectiveInMainOnly(Rule):
             self._candidates.append((node, self.facts.where(), method))
 
     def leave_Module(self, node: cst.Module) -> None:
+        # ``if main: dist.broadcast(x, src=0) else: dist.broadcast(y, src=0)`` pairs up: fine.
+        sides = {(w.branch[0], w.branch[1], m) for _, w, m in self._candidates if w.branch}
         for call, where, method in self._candidates:
+            if where.branch and (where.branch[0], -where.branch[1], method) in sides:
+                continue
             runs_on = self.facts.runs_on(where)
             if runs_on in ("main", "others"):
                 who = "the main process only" if runs_on == "main" else "all but the main process"
