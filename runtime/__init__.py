@@ -8,12 +8,16 @@ from .accelerator import Accelerator
 from .checkpoint import load_checkpoint_in_model
 from .config import ProjectConfiguration
 from .data import skip_first_batches
+from .handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
 from .rng import set_seed
 from .state import DistributedType
 
 __all__ = [
     "Accelerator",
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
     "DistributedType",
+    "GradScalerKwargs",
     "ProjectConfiguration",
     "load_checkpoint_in_model",
     "notebook_launcher",

@@ -19,7 +19,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint, config, data, ops, precision, state, strategies
+from . import checkpoint, config, data, handlers, ops, precision, state, strategies
 from .optim import PreparedOptimizer, PreparedScheduler
 from .state import DistributedType, ProcessState, StepState
 
@@ -39,6 +39,7 @@ class Accelerator:
         project_dir: str | None = None,
         project_config: config.ProjectConfiguration | None = None,
         step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Sequence[Any] | None = None,
     ) -> None:
         self.state: ProcessState = state.process_state(config.use_cpu(cpu))
         self.mixed_precision = config.mixed_precision(mixed_precision)
@@ -49,8 +50,14 @@ class Accelerator:
         self.project_configuration = project_config or config.ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
-        self.strategy = strategies.select(self.state)
-        self.precision = precision.select(self.mixed_precision, self.state.device)
+        options = handlers.collect(kwargs_handlers)
+        self.strategy = strategies.select(self.state, **options["ddp"])
+        self.precision = precision.select(
+            self.mixed_precision,
+            self.state.device,
+            autocast_kwargs=options["autocast"],
+            scaler_kwargs=options["scaler"],
+        )
         self.step = 0
         self._shared = StepState()
         self._models: list[torch.nn.Module] = []

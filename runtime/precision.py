@@ -20,9 +20,16 @@ class Precision:
     """Full precision: every hook is the plain PyTorch call."""
 
     name = "no"
+    dtype: torch.dtype | None = None
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        autocast_kwargs: dict[str, Any] | None = None,
+        scaler_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.device_type = device.type
+        self.autocast_kwargs = {"dtype": self.dtype, **(autocast_kwargs or {})}
 
     def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -58,14 +65,14 @@ class Autocast(Precision):
     dtype = torch.bfloat16
 
     def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device_type, **{"dtype": self.dtype, **kwargs})
+        return torch.autocast(self.device_type, **{**self.autocast_kwargs, **kwargs})
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         original = model.forward
-        device_type, dtype = self.device_type, self.dtype
+        device_type, options = self.device_type, self.autocast_kwargs
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            with torch.autocast(device_type, dtype=dtype):
+            with torch.autocast(device_type, **options):
                 outputs = original(*args, **kwargs)
             return ops.apply(_to_fp32, outputs)
 
@@ -79,9 +86,14 @@ class GradScaling(Autocast):
     name = "fp16"
     dtype = torch.float16
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
-        self.scaler = torch.amp.GradScaler(device.type)
+    def __init__(
+        self,
+        device: torch.device,
+        autocast_kwargs: dict[str, Any] | None = None,
+        scaler_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(device, autocast_kwargs)
+        self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
         self._stepped = False
         self._original_step: Callable = lambda: None
 
@@ -127,6 +139,6 @@ def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
 _PLUGINS = {plugin.name: plugin for plugin in (Precision, Autocast, GradScaling)}
 
 
-def select(mixed_precision: str, device: torch.device) -> Precision:
-    """The plugin for ``"no"``, ``"bf16"`` or ``"fp16"``."""
-    return _PLUGINS[mixed_precision](device)
+def select(mixed_precision: str, device: torch.device, **options: Any) -> Precision:
+    """The plugin for ``"no"``, ``"bf16"`` or ``"fp16"`` (``options``: handler kwargs)."""
+    return _PLUGINS[mixed_precision](device, **options)

@@ -62,3 +62,28 @@ def test_clip_grad_norm_sees_unscaled_gradients_under_fp16() -> None:
     norm = accelerator.clip_grad_norm_(model.parameters(), max_norm=1e9)
     true_norm = torch.tensor(3e-3 * 10**0.5)  # d/dW and d/db are 3e-3 for all 10 entries
     torch.testing.assert_close(norm, true_norm, rtol=1e-2, atol=0)
+
+
+def test_kwargs_handlers_reach_the_scaler_and_autocast_and_hf_handlers_work_too() -> None:
+    from accelerate.utils import GradScalerKwargs as HFGradScalerKwargs
+
+    from accelify.runtime import AutocastKwargs, GradScalerKwargs
+
+    ours = Accelerator(
+        cpu=True, mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)]
+    )
+    assert ours.scaler.get_scale() == 1024
+    hf = Accelerator(
+        cpu=True, mixed_precision="fp16", kwargs_handlers=[HFGradScalerKwargs(init_scale=8)]
+    )
+    assert hf.scaler.get_scale() == 8
+    off = Accelerator(
+        cpu=True, mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(enabled=False)]
+    )
+    model = off.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    inner = []
+    model[0].register_forward_hook(lambda module, args, output: inner.append(output.dtype))
+    model(torch.ones(1, 2))
+    assert inner == [torch.float32]
+    with pytest.raises(ValueError, match="unsupported kwargs handler"):
+        Accelerator(cpu=True, kwargs_handlers=[object()])

@@ -1,0 +1,76 @@
+"""``kwargs_handlers``: the small dataclasses that pass options through to DDP, GradScaler and
+autocast, with HF Accelerate's names and defaults.
+
+Handlers are recognised by class name, so HF Accelerate's own handler objects work too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+
+@dataclasses.dataclass
+class KwargsHandler:
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields that differ from their defaults (what HF Accelerate passes on)."""
+        defaults = type(self)()
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(defaults, f.name)
+        }
+
+
+@dataclasses.dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclasses.dataclass
+class GradScalerKwargs(KwargsHandler):
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclasses.dataclass
+class AutocastKwargs(KwargsHandler):
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+_KINDS = {
+    "DistributedDataParallelKwargs": ("ddp", DistributedDataParallelKwargs),
+    "GradScalerKwargs": ("scaler", GradScalerKwargs),
+    "AutocastKwargs": ("autocast", AutocastKwargs),
+}
+
+
+def collect(handlers: Iterable[Any] | None) -> dict[str, dict[str, Any]]:
+    """``{"ddp": ..., "scaler": ..., "autocast": ...}`` keyword arguments from the handlers."""
+    found: dict[str, dict[str, Any]] = {"ddp": {}, "scaler": {}, "autocast": {}}
+    seen: set[str] = set()
+    for handler in handlers or ():
+        name = type(handler).__name__
+        if name not in _KINDS or not callable(getattr(handler, "to_kwargs", None)):
+            raise ValueError(f"unsupported kwargs handler {name}; use one of {sorted(_KINDS)}")
+        if name in seen:
+            raise ValueError(f"more than one {name} in kwargs_handlers")
+        seen.add(name)
+        kind, ours = _KINDS[name]
+        options = handler.to_kwargs()
+        unknown = set(options) - {f.name for f in dataclasses.fields(ours)}
+        if unknown:
+            raise ValueError(f"{name} options not supported here: {sorted(unknown)}")
+        found[kind] = options
+    return found
