@@ -22,13 +22,6 @@ def unwrapped(accelerator: str, model: cst.BaseExpression) -> cst.Call:
     return method_call(accelerator, "unwrap_model", [cst.Arg(model)])
 
 
-def last_arg(args: Sequence[cst.Arg]) -> list[cst.Arg]:
-    """``args`` with the trailing comma dropped from the last one, for re-use in a new call."""
-    if not args:
-        return []
-    return [*args[:-1], args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
-
-
 def with_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
     """``call`` with ``keyword=value`` appended to its arguments."""
     arg = cst.Arg(

@@ -47,7 +47,6 @@ class Prepared:
     source: str | None  # the argument's dotted name, when it was a name
     role: Role | None
     accelerator: str  # the receiver of the prepare call
-    call: cst.Call
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class _Scope:
     params: frozenset[str]
     guard: int = 0
     others: int = 0
-    branches: list[tuple[cst.If, int]] = field(default_factory=list)
+    branches: list[tuple[cst.If, int, int]] = field(default_factory=list)  # if, side, polarity
     prepared: dict[str, Prepared | None] = field(default_factory=dict)
     parts: dict[str, Prepared | None] = field(default_factory=dict)  # batch name -> its loader
     accelerators: set[str] = field(default_factory=set)
@@ -155,13 +154,25 @@ def prepare_call(value: cst.BaseExpression | None, facts: Facts) -> cst.Call | N
     return None
 
 
+def _exits(block: cst.BaseSuite) -> bool:
+    """Whether ``block`` ends by leaving: return/continue/break/raise or ``sys.exit()``."""
+    lines = block.body
+    if not lines:
+        return False
+    last = lines[-1]
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1]
+    if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
+        return callee_name(last.value) in {"exit", "quit"}
+    return isinstance(last, _EXITS)
+
+
 class Facts:
     """The facts visitor; the engine calls its handlers around every rule's."""
 
     def __init__(self) -> None:
         self.accelerators: dict[str, cst.Call] = {}
         self.roles: dict[str, Role] = {}
-        self.prepare_calls: list[cst.Call] = []
         self.prepared_anywhere: set[str] = set()  # argument names passed to any prepare call
         self.functions: dict[str, list[cst.FunctionDef]] = {}
         self.loader_loops: list[tuple[cst.For, Prepared]] = []
@@ -213,7 +224,7 @@ class Facts:
         scope = self._scopes[-1]
         function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
         visible = bool(self._visible_accelerators())
-        branch = scope.branches[-1] if scope.branches else None
+        branch = next(((n, side) for n, side, p in reversed(scope.branches) if p), None)
         return Where(function, scope.guard > 0, scope.others > 0, visible, branch)
 
     def runs_on(self, where: Where) -> RunsOn:
@@ -264,37 +275,35 @@ class Facts:
         scope.guard -= scope.exits.pop()
 
     def visit_If_body(self, node: cst.If) -> None:
-        self._branch(node, 1, 1)
+        self._enter_branch(node, 1)
 
     def leave_If_body(self, node: cst.If) -> None:
-        self._branch(node, 1, -1)
+        self._leave_branch()
 
     def visit_If_orelse(self, node: cst.If) -> None:
-        self._branch(node, -1, 1)
+        self._enter_branch(node, -1)
 
     def leave_If_orelse(self, node: cst.If) -> None:
-        self._branch(node, -1, -1)
+        self._leave_branch()
 
-    def _branch(self, node: cst.If, side: int, step: int) -> None:
-        """Enter (step 1) or leave (-1) the body (side 1) or else branch (-1) of a guard."""
+    def _enter_branch(self, node: cst.If, side: int) -> None:
+        """The body (side 1) or else branch (-1) of ``node``; guards count while inside."""
         polarity = guard_polarity(node.test, self._guard_aliases) * side
         scope = self._scopes[-1]
-        if polarity > 0:
-            scope.guard += step
-        elif polarity < 0:
-            scope.others += step
-        if polarity and step > 0:
-            scope.branches.append((node, side))
-        elif polarity:
-            scope.branches.pop()
+        scope.branches.append((node, side, polarity))
+        scope.guard += polarity > 0
+        scope.others += polarity < 0
+
+    def _leave_branch(self) -> None:
+        scope = self._scopes[-1]
+        _, _, polarity = scope.branches.pop()
+        scope.guard -= polarity > 0
+        scope.others -= polarity < 0
 
     def leave_If(self, node: cst.If) -> None:
         """``if not accelerator.is_main_process: return`` guards the rest of the block."""
-        body = node.body.body
-        last = body[-1] if body else None
-        exits = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], _EXITS)
         polarity = guard_polarity(node.test, self._guard_aliases)
-        if exits and node.orelse is None and polarity < 0:
+        if _exits(node.body) and node.orelse is None and polarity < 0:
             scope = self._scopes[-1]
             scope.guard += 1
             scope.exits[-1] += 1
@@ -316,7 +325,6 @@ class Facts:
                 self.roles.setdefault(name, Role.MODEL)
         call = prepare_call(node, self)
         if call is not None:
-            self.prepare_calls.append(call)
             self.prepared_anywhere |= {
                 n for a in call.args if (n := dotted_name(a.value)) is not None
             }
@@ -394,7 +402,7 @@ class Facts:
             self.roles.setdefault(name, role)
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else call.func
         accelerator = dotted_name(receiver) or "accelerator"
-        self._scopes[-1].prepared[name] = Prepared(name, source, role, accelerator, call)
+        self._scopes[-1].prepared[name] = Prepared(name, source, role, accelerator)
 
     def _forget(self, names: Iterator[str] | list[str]) -> None:
         scope = self._scopes[-1]

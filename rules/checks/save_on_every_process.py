@@ -57,6 +57,10 @@ class SaveOnEveryProcess(Rule):
         "accelerator = Accelerator()\naccelerator.save(s, 'a.pt')",
         "accelerator = Accelerator()\n\ndef save(s):\n    if not accelerator.is_main_process:\n"
         "        return\n    torch.save(s, 'a.pt')\n\nsave(1)",
+        "accelerator = Accelerator()\nfor s in states:\n"
+        "    if not accelerator.is_local_main_process: continue\n    torch.save(s, 'a.pt')",
+        "import sys\naccelerator = Accelerator()\nif accelerator.process_index != 0:\n"
+        "    sys.exit(0)\ntorch.save(s, 'a.pt')",
         "accelerator = Accelerator()\n\n@accelerator.on_main_process\ndef save(s):\n"
         "    torch.save(s, 'a.pt')\n\nsave(1)",
         "accelerator = Accelerator()\n\ndef save(s):\n    torch.save(s, 'a.pt')\n\n"
