@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
 
 from accelify.rules.facts import name_role, prepare_call
@@ -43,6 +45,7 @@ class PrepareOrder(Rule):
         "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(model, opt)",
         "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(net, adam)",
         "accelerator = Accelerator()\nteacher, student = accelerator.prepare(teacher_model, model)",
+        "accelerator = Accelerator()\ng, d = accelerator.prepare(Generator(), Discriminator())",
     )
     INVALID = (
         Invalid(
@@ -60,34 +63,27 @@ class PrepareOrder(Rule):
         target = node.targets[0].target if len(node.targets) == 1 else None
         if call is None or not isinstance(target, (cst.Tuple, cst.List)):
             return
+        if any(a.star or a.keyword for a in call.args):
+            return
         targets = [dotted_name(e.value) for e in target.elements]
-        args = [dotted_name(a.value) if a.keyword is None else None for a in call.args]
-        if len(targets) != len(args) or None in targets or a_star(call):
+        args = [dotted_name(a.value) for a in call.args]
+        if len(targets) != len(args) or None in targets:
             return
         message = "`prepare` returns objects in argument order; these targets are swapped"
-        if sorted(targets) == sorted(args) and targets != args:  # type: ignore[type-var]
+        if None not in args and Counter(targets) == Counter(args) and targets != args:
             elements = [
-                e.with_changes(value=cst.parse_expression(a))
-                for e, a in zip(target.elements, args, strict=True)
-            ]  # type: ignore[arg-type]
-            new = node.with_changes(
-                targets=[
-                    node.targets[0].with_changes(target=target.with_changes(elements=elements))
-                ]
-            )
+                e.with_changes(value=cst.parse_expression(name))
+                for e, name in zip(target.elements, args, strict=True)
+                if name is not None
+            ]
+            fixed_target = target.with_changes(elements=elements)
+            new = node.with_changes(targets=[node.targets[0].with_changes(target=fixed_target)])
             self.report(node, message, new=new)
             return
-        roles = [
-            (name_role(t), self._role(a, arg))
-            for t, a, arg in zip(targets, args, call.args, strict=True)
-        ]
-        clash = [i for i, (want, got) in enumerate(roles) if want and got and want is not got]
-        if len(clash) >= 2:
+        clashes = 0
+        for name, arg, arg_name in zip(targets, call.args, args, strict=True):
+            wanted = name_role(name)
+            got = self.facts.role(arg.value) or name_role(arg_name)
+            clashes += wanted is not None and got is not None and wanted is not got
+        if clashes >= 2:
             self.report(node, message)
-
-    def _role(self, name: str | None, arg: cst.Arg):
-        return self.facts.role(arg.value) or name_role(name)
-
-
-def a_star(call: cst.Call) -> bool:
-    return any(a.star for a in call.args)
