@@ -77,7 +77,8 @@ def render_text(results: Sequence[FileResult], out: Console) -> None:
         if safe:
             hints.append(f"{safe} fixable with --fix")
         if unsafe:
-            hints.append(f"{unsafe} more with --fix --unsafe-fixes")
+            more = "more with --unsafe-fixes" if safe else "fixable with --fix --unsafe-fixes"
+            hints.append(f"{unsafe} {more}")
         hint = f" ({', '.join(hints)})" if hints else ""
         out.print(f"Found {len(pairs)} problem{'s' * (len(pairs) != 1)}{hint}.", markup=False)
     elif not any(r.error for r in results):
