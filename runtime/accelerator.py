@@ -346,9 +346,7 @@ class Accelerator:
         """The user's module without DDP/compile wrappers (and, if asked, without autocast)."""
         model = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper:
-            original = model.__dict__.pop("_accelify_original_forward", None)
-            if original is not None:
-                model.forward = original  # type: ignore[method-assign]
+            precision.unwrap_forward(model)
         return model
 
     def save(self, obj: Any, f: str | Path | BinaryIO, safe_serialization: bool = False) -> None:

@@ -8,6 +8,7 @@ step the scaler skipped because of inf/nan gradients.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -68,16 +69,43 @@ class Autocast(Precision):
         return torch.autocast(self.device_type, **{**self.autocast_kwargs, **kwargs})
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
-        original = model.forward
-        device_type, options = self.device_type, self.autocast_kwargs
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            with torch.autocast(device_type, **options):
-                outputs = original(*args, **kwargs)
-            return ops.apply(_to_fp32, outputs)
-
-        model._accelify_original_forward = original  # type: ignore[assignment]
+        forward = AutocastForward(model.forward, self.device_type, self.autocast_kwargs)
         model.forward = forward  # type: ignore[method-assign]
+
+
+class AutocastForward:
+    """A module's ``forward`` run under autocast, returning fp32 outputs.
+
+    An object rather than a closure, holding the unbound function and its module, so that
+    ``copy.deepcopy`` of the module yields a copy whose forward runs the copy (a closure would
+    keep calling the original module).
+    """
+
+    def __init__(self, forward: Callable, device_type: str, options: dict[str, Any]) -> None:
+        bound = isinstance(forward, types.MethodType)
+        self.function = forward.__func__ if bound else forward  # type: ignore[union-attr]
+        self.owner = forward.__self__ if bound else None  # type: ignore[union-attr]
+        self.device_type, self.options = device_type, options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, **self.options):
+            if self.owner is None:
+                outputs = self.function(*args, **kwargs)
+            else:
+                outputs = self.function(self.owner, *args, **kwargs)
+        return ops.apply(_to_fp32, outputs)
+
+
+def unwrap_forward(model: torch.nn.Module) -> None:
+    """Undo :meth:`Autocast.wrap_forward` (for ``unwrap_model(keep_fp32_wrapper=False)``)."""
+    wrapper = vars(model).get("forward")
+    if not isinstance(wrapper, AutocastForward):
+        return
+    del model.forward
+    if wrapper.owner is None:
+        model.forward = wrapper.function  # type: ignore[method-assign]
+    elif wrapper.function is not type(model).forward:
+        model.forward = types.MethodType(wrapper.function, model)  # type: ignore[method-assign]
 
 
 class GradScaling(Autocast):

@@ -2,7 +2,7 @@
 
 One module-wide set of runs serves every assertion: accelify on 2 processes (saving after epoch 0),
 HF Accelerate on 2 processes, accelify resuming from that checkpoint in new processes, and both
-runtimes on 1 process.
+runtimes on 1 process, in fp32 and (through ACCELERATE_MIXED_PRECISION) in bf16.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _records(out: Path, impl: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    two, resumed, one = (tmp_path_factory.mktemp(name) for name in ("two", "resumed", "one"))
+    two, resumed, one, bf16 = map(tmp_path_factory.mktemp, ("two", "resumed", "one", "bf16"))
     _run(two, "--save-after", "0", processes=2)
     # HF Accelerate only starts gloo on a CPU host when told to use the CPU.
     _run(two, "--impl", "hf", processes=2, env={"ACCELERATE_USE_CPU": "1"})
@@ -62,12 +62,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     _run(resumed, "--save-after", "0", "--resume", processes=2)
     _run(one)
     _run(one, "--impl", "hf")
+    for impl in ("accelify", "hf"):
+        _run(bf16, "--impl", impl, env={"ACCELERATE_MIXED_PRECISION": "bf16"})
     return {
         "two": _records(two, "accelify"),
         "two_hf": _records(two, "hf"),
         "resumed": _records(resumed, "accelify"),
         "one": _records(one, "accelify"),
         "one_hf": _records(one, "hf"),
+        "bf16": _records(bf16, "accelify"),
+        "bf16_hf": _records(bf16, "hf"),
         "saved": [torch.load(two / f"{impl}_saved.pt") for impl in ("accelify", "hf")],
     }
 
@@ -97,10 +101,10 @@ def test_gather_for_metrics_counts_every_sample_once(runs: dict) -> None:
         assert record["eval"] == list(range(SAMPLES))
 
 
-@pytest.mark.parametrize("count", ["one", "two"])
-def test_same_losses_learning_rates_and_weights_as_hf_accelerate(runs: dict, count: str) -> None:
-    ours, theirs = runs[count], runs[f"{count}_hf"]
-    assert len(ours) == len(theirs) == (1 if count == "one" else 2)
+@pytest.mark.parametrize("run", ["one", "two", "bf16"])
+def test_same_losses_learning_rates_and_weights_as_hf_accelerate(runs: dict, run: str) -> None:
+    ours, theirs = runs[run], runs[f"{run}_hf"]
+    assert len(ours) == len(theirs) == (2 if run == "two" else 1)
     for mine, hf in zip(ours, theirs, strict=True):
         assert mine["losses"] == pytest.approx(hf["losses"], rel=1e-6)
         assert mine["lrs"] == pytest.approx(hf["lrs"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -87,3 +89,10 @@ def test_kwargs_handlers_reach_the_scaler_and_autocast_and_hf_handlers_work_too(
     assert inner == [torch.float32]
     with pytest.raises(ValueError, match="unsupported kwargs handler"):
         Accelerator(cpu=True, kwargs_handlers=[object()])
+
+
+def test_a_deep_copy_of_a_prepared_model_runs_its_own_weights() -> None:
+    accelerator, model, _, _ = _setup("cpu", "bf16")
+    copy_ = copy.deepcopy(accelerator.unwrap_model(model))
+    copy_(torch.ones(1, 4)).sum().backward()
+    assert copy_[0].weight.grad is not None and model[0].weight.grad is None
