@@ -392,7 +392,9 @@ class Accelerator:
             raise ValueError("automatic_checkpoint_naming needs a project_dir")
         return Path(self.project_dir) / "checkpoints"
 
-    def save_state(self, output_dir: str | Path | None = None) -> str:
+    def save_state(
+        self, output_dir: str | Path | None = None, safe_serialization: bool = True
+    ) -> str:
         """Save everything needed to resume training; return the checkpoint folder.
 
         With automatic naming the folder is ``<project_dir>/checkpoints/checkpoint_<N>`` and only
@@ -408,7 +410,8 @@ class Accelerator:
         else:
             target = Path(output_dir)
         meta = {"next_iteration": project.iteration + 1, "step": self.step}
-        checkpoint.save_state(target, self._parts(), meta | {"num_processes": self.num_processes})
+        meta["num_processes"] = self.num_processes
+        checkpoint.save_state(target, self._parts(), meta, safe_serialization)
         project.iteration += 1
         if project.automatic_checkpoint_naming and self.is_main_process:
             checkpoint.rotate(target.parent, project.total_limit)

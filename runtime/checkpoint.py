@@ -236,7 +236,17 @@ def _name(kind: str, index: int, suffix: str) -> str:
     return f"{kind}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
-def save_state(directory: str | os.PathLike, parts: Parts, meta: dict[str, Any]) -> Path:
+def _model_files(index: int) -> tuple[str, str]:
+    """The safetensors and the torch file name of the ``index``-th model (HF's names)."""
+    return _name("model", index, ".safetensors"), _name("pytorch_model", index, ".bin")
+
+
+def save_state(
+    directory: str | os.PathLike,
+    parts: Parts,
+    meta: dict[str, Any],
+    safe_serialization: bool = True,
+) -> Path:
     """Write a full training state; every process calls this (each saves its RNG state)."""
     final = Path(directory)
     partial = final.parent / f".{final.name}.partial"
@@ -248,7 +258,8 @@ def save_state(directory: str | os.PathLike, parts: Parts, meta: dict[str, Any])
     weights = [strategy.model_state_dict(model) for model in parts.models]
     if state.is_main_process:
         for i, state_dict in enumerate(weights):
-            save(state_dict, partial / _name("model", i, ".safetensors"), safe_serialization=True)
+            name = _model_files(i)[0 if safe_serialization else 1]
+            save(state_dict, partial / name, safe_serialization)
         for kind, objects in (
             ("optimizer", parts.optimizers),
             ("scheduler", parts.schedulers),
@@ -292,14 +303,17 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     """Restore what :func:`save_state` wrote into ``parts``; return the saved metadata."""
     folder = Path(directory)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such checkpoint folder")
+        old = folder.parent / f".{folder.name}.old"
+        hint = f" (an interrupted save left the previous one in {old})" if old.is_dir() else ""
+        raise FileNotFoundError(f"{folder}: no such checkpoint folder{hint}")
     meta_path = folder / META
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: missing, not a checkpoint written by save_state")
     for i, model in enumerate(parts.models):
-        weights = folder / _name("model", i, ".safetensors")
-        if not weights.is_file():
-            raise FileNotFoundError(f"{weights}: missing from the checkpoint")
+        found = [folder / name for name in _model_files(i) if (folder / name).is_file()]
+        if not found:
+            raise FileNotFoundError(f"{folder / _model_files(i)[0]}: missing from the checkpoint")
+        weights = found[0]
         load_checkpoint_in_model(parts.strategy.unwrap_model(model), weights, strict=True)
     for kind, objects in (
         ("optimizer", parts.optimizers),

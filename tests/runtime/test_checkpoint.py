@@ -214,6 +214,21 @@ def test_resume_and_automatic_naming_errors_are_one_line(tmp_path: Path) -> None
         auto.load_state()
 
 
+def test_torch_format_states_load_and_a_missing_folder_points_at_an_interrupted_save(
+    tmp_path: Path,
+) -> None:
+    accelerator, model, epoch, _ = _training(tmp_path)
+    folder = Path(accelerator.save_state(safe_serialization=False))
+    assert (folder / "pytorch_model.bin").is_file() and not (folder / "model.safetensors").exists()
+    saved = [p.detach().clone() for p in model.parameters()]
+    epoch()
+    accelerator.load_state(folder)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), saved, strict=True))
+    folder.rename(folder.parent / f".{folder.name}.old")
+    with pytest.raises(FileNotFoundError, match="interrupted save left the previous one"):
+        accelerator.load_state(folder)
+
+
 def test_free_memory_forgets_what_was_prepared(tmp_path: Path) -> None:
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(torch.nn.Linear(2, 2))
