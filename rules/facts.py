@@ -17,7 +17,13 @@ from typing import Literal
 
 import libcst as cst
 
-from accelify.transform.patterns import Role, callee_name, constructor_role, dotted_name
+from accelify.transform.patterns import (
+    Role,
+    callee_name,
+    constructor_role,
+    dotted_name,
+    target_names,
+)
 
 # ``accelerator.is_main_process``, ``is_local_main_process``, ``is_master``, ``rank_zero()``...
 _GUARD_NAME = re.compile(r"^(is_)?(local_)?(main|master|rank_?0|rank_zero)(_process)?$")
@@ -127,19 +133,6 @@ def _rank_comparison(test: cst.Comparison) -> int:
         values = {cst.Module([]).code_for_node(e.value) for e in right.elements}
         return 1 if values <= {"0", "-1"} else 0
     return 0
-
-
-def target_names(target: cst.BaseExpression) -> Iterator[str]:
-    """The dotted names a (possibly unpacking) assignment target binds."""
-    if isinstance(target, (cst.Tuple, cst.List)):
-        for element in target.elements:
-            yield from target_names(element.value)
-    elif isinstance(target, cst.StarredElement):
-        yield from target_names(target.value)
-    else:
-        name = dotted_name(target)
-        if name is not None:
-            yield name
 
 
 def prepare_call(value: cst.BaseExpression | None, facts: Facts) -> cst.Call | None:

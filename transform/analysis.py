@@ -21,7 +21,9 @@ from accelify.transform.patterns import (
     callee_name,
     constructor_role,
     dotted_name,
+    is_device,
     method_call,
+    target_names,
 )
 
 # Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
@@ -217,15 +219,6 @@ class _KeyFinder(cst.CSTVisitor):
         return not self.found
 
 
-def target_names(target: cst.BaseExpression) -> Iterator[str]:
-    """The keys an assignment target binds: ``a, (b, self.c)`` -> a, b, self.c."""
-    if (key := key_of(target)) is not None:
-        yield key
-    elif isinstance(target, cst.Tuple | cst.List):
-        for element in target.elements:
-            yield from target_names(element.value)
-
-
 def analyse(module: cst.Module) -> Analysis:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     analysis = Analysis(module, dict(wrapper.resolve(PositionProvider)))
@@ -415,7 +408,7 @@ def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
             role = Role.MODEL
         if role is None and name in CLOSURE_OPTIMIZERS:
             role = Role.OPTIMIZER
-        if role is None and _is_device_value(b.value):
+        if role is None and is_device(b.value, by_name=False):
             role = Role.DEVICE
         if role is not None:
             give(b.scope, b.key, role)
@@ -466,15 +459,3 @@ def _call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
                 yield scope, key, callee, arg.keyword.value
             elif i < len(params):
                 yield scope, key, callee, params[i]
-
-
-def _is_device_value(value: cst.BaseExpression) -> bool:
-    """``"cuda"``, ``"cuda:0"``, ``torch.device(...)`` or a conditional choosing between them."""
-    if isinstance(value, cst.SimpleString):
-        text = value.evaluated_value
-        return isinstance(text, str) and text.split(":")[0] in {"cuda", "cpu", "mps", "xpu"}
-    if isinstance(value, cst.IfExp):
-        return _is_device_value(value.body) and _is_device_value(value.orelse)
-    if isinstance(value, cst.Call):
-        return dotted_name(value.func) in {"torch.device", "device"}
-    return False

@@ -7,6 +7,7 @@ missed conversion, never a wrong one: every step also checks how the name is use
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from enum import Enum
 
 import libcst as cst
@@ -60,6 +61,52 @@ ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
 
 # Entry points that start worker processes; CUDA must not be initialised before them.
 PROCESS_LAUNCHERS = frozenset({"notebook_launcher", "spawn", "start_processes"})
+
+
+_DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})
+
+
+def is_device(expr: cst.BaseExpression, *, by_name: bool = True) -> bool:
+    """``"cuda:0"``, ``torch.device(...)``, a choice between them, or (``by_name``) a name such as
+    ``device``/``accelerator.device``: clearly a device."""
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return isinstance(value, str) and value.split(":")[0] in _DEVICE_TYPES
+    if isinstance(expr, cst.IfExp):
+        return is_device(expr.body, by_name=by_name) and is_device(expr.orelse, by_name=by_name)
+    if isinstance(expr, cst.Call):
+        return dotted_name(expr.func) in {"torch.device", "device"}
+    name = dotted_name(expr) if by_name else None
+    return name is not None and "device" in name.rsplit(".", 1)[-1].lower()
+
+
+def device_move(
+    node: cst.CSTNode, device: Callable[[cst.BaseExpression], bool] = is_device
+) -> cst.Call | None:
+    """``node`` as ``x.cuda()`` or ``x.to(<device>, ...)`` (device first or ``device=``), else None.
+
+    Other arguments (a dtype, ``non_blocking``) may follow; callers that need a pure move check.
+    """
+    move = method_call(node, "to", "cuda")
+    if move is None:
+        return None
+    if move.func.attr.value == "cuda":  # type: ignore[union-attr]
+        return move if not move.args else None
+    first = move.args[0] if move.args else None
+    if first is None or (first.keyword is not None and first.keyword.value != "device"):
+        first = keyword_arg(move, "device")
+    return move if first is not None and device(first.value) else None
+
+
+def target_names(target: cst.BaseExpression) -> Iterator[str]:
+    """The dotted names a (possibly unpacking) assignment target binds: ``a, (b, *self.c)``."""
+    if isinstance(target, cst.Tuple | cst.List):
+        for element in target.elements:
+            yield from target_names(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from target_names(target.value)
+    elif (name := dotted_name(target)) is not None:
+        yield name
 
 
 def dotted_name(node: cst.BaseExpression) -> str | None:

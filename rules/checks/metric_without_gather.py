@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelify.rules.facts import Facts, target_names
+from accelify.rules.facts import Facts
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import callee_name, dotted_name
+from accelify.transform.patterns import callee_name, dotted_name, target_names
 
 GATHERS = frozenset(
     {"gather", "gather_for_metrics", "reduce", "all_gather", "all_reduce", "gather_object"}

@@ -6,41 +6,17 @@ import libcst as cst
 
 from accelify.rules.facts import Facts, Prepared
 from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.transform import patterns
 from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
-
-
-def _is_device(expr: cst.BaseExpression) -> bool:
-    """``device``, ``accelerator.device``, ``"cuda"``, ``torch.device(...)``: clearly a device."""
-    if isinstance(expr, cst.SimpleString):
-        value = expr.evaluated_value
-        return isinstance(value, str) and value.split(":")[0] in {"cuda", "cpu", "mps", "xpu"}
-    if isinstance(expr, cst.Call):
-        return callee_name(expr) == "device"
-    name = dotted_name(expr)
-    return name is not None and "device" in name.rsplit(".", 1)[-1].lower()
 
 
 def device_move(call: cst.Call) -> bool:
     """``x.to(<device>)`` (maybe ``non_blocking=``) or ``x.cuda()``: a move and nothing else."""
-    if not isinstance(call.func, cst.Attribute):
+    if patterns.device_move(call) is None:
         return False
-    method = call.func.attr.value
-    if method == "cuda":
-        return not call.args
-    if method != "to" or not call.args:
-        return False
-    positional = [a for a in call.args if a.keyword is None]
-    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
-    if positional:
-        return (
-            len(positional) == 1
-            and _is_device(positional[0].value)
-            and keywords <= {"non_blocking"}
-        )
-    device = keyword_arg(call, "device")
-    return (
-        device is not None and _is_device(device.value) and keywords <= {"device", "non_blocking"}
-    )
+    extra = {a.keyword.value if a.keyword else "" for a in call.args[1:]}
+    first = call.args[0].keyword.value if call.args and call.args[0].keyword else ""
+    return extra <= {"non_blocking"} and first in {"", "device"}
 
 
 class RedundantDeviceMove(Rule):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.facts import Facts, name_role, target_names
+from accelify.rules.facts import Facts, name_role
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import Role, constructor_role, dotted_name
+from accelify.transform.patterns import Role, constructor_role, dotted_name, target_names
 
 # A length scaled by the process count means the author already did the arithmetic.
 _ADJUSTED = ("<num_processes>", False)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.facts import Facts, prepare_call, target_names
+from accelify.rules.facts import Facts, prepare_call
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import Role, constructor_role, dotted_name
+from accelify.transform.patterns import Role, constructor_role, dotted_name, target_names
 
 
 class StaleOptimizerParams(Rule):

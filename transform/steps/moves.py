@@ -10,36 +10,22 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Loop, key_of, target_names
-from accelify.transform.patterns import Role, dotted_name, method_call
+from accelify.transform import patterns
+from accelify.transform.analysis import Analysis, Loop, key_of
+from accelify.transform.patterns import Role, dotted_name, is_device, target_names
 from accelify.transform.plan import Plan
 
 
 def device_move(call: cst.CSTNode, a: Analysis) -> cst.Call | None:
-    """``call`` as a move to a device (``x.to(device)``, ``x.cuda()``), else None."""
-    move = method_call(call, "to", "cuda")
-    if move is None:
-        return None
-    if move.func.attr.value == "cuda":  # type: ignore[union-attr]
-        return move
-    first = move.args[0] if move.args else None
-    if first is None:
-        return None
-    if first.keyword is not None and first.keyword.value != "device":
-        return None
-    return move if _is_device(first.value, a, move) else None
+    """``call`` as a move to a device, counting names the analysis knows hold one."""
 
+    def known_device(expr: cst.BaseExpression) -> bool:
+        key = key_of(expr)
+        return is_device(expr) or (
+            key is not None and a.role(a.scope_of[id(call)], key) is Role.DEVICE
+        )
 
-def _is_device(expr: cst.BaseExpression, a: Analysis, where: cst.CSTNode) -> bool:
-    if isinstance(expr, cst.SimpleString):
-        return str(expr.evaluated_value).split(":")[0] in {"cuda", "cpu", "mps"}
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    if name.split(".")[-1] == "device":
-        return True
-    key = key_of(expr)
-    return key is not None and a.role(a.scope_of[id(where)], key) is Role.DEVICE
+    return patterns.device_move(call, known_device)
 
 
 def without_move(move: cst.Call) -> cst.BaseExpression:
