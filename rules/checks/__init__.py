@@ -1,4 +1,7 @@
-"""One module per rule; every ``Rule`` subclass defined here is found by :func:`all_rules`."""
+"""One module per rule; every ``Rule`` subclass defined here is found by :func:`all_rules`.
+
+Only classes defined in a rule's own module count, so shared bases it imports are not rules.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ def all_rules() -> list[type[Rule]]:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, Rule) and value is not Rule:
+            if (
+                isinstance(value, type)
+                and issubclass(value, Rule)
+                and value.__module__ == module.__name__
+            ):
                 found[value.code] = value
     return sorted(found.values(), key=lambda rule: rule.code)

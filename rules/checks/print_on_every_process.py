@@ -5,12 +5,12 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import method_call
-from accelify.rules.facts import Facts, Where
-from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.rule import Invalid, Severity
 from accelify.transform.patterns import keyword_arg
 
 
-class PrintOnEveryProcess(Rule):
+class PrintOnEveryProcess(EveryProcessRule):
     """`print` that runs on every process (off by default).
 
     ## What it does
@@ -53,24 +53,15 @@ class PrintOnEveryProcess(Rule):
         ),
     )
 
-    def __init__(self, facts: Facts, reports: list[Report]) -> None:
-        super().__init__(facts, reports)
-        self._candidates: list[tuple[cst.Call, Where, str | None]] = []
-
     def visit_Call(self, node: cst.Call) -> None:
         if (
             isinstance(node.func, cst.Name)
             and node.func.value == "print"
             and keyword_arg(node, "file") is None
         ):
-            self._candidates.append((node, self.facts.where(), self.facts.accelerator_here()))
+            self.candidate(node)
 
-    def leave_Module(self, node: cst.Module) -> None:
-        if not self.facts.creates_accelerator:
-            return
-        for call, where, accelerator in self._candidates:
-            if self.facts.runs_on(where) != "all":
-                continue
-            message = "prints on every process; use `accelerator.print`"
-            new = method_call(accelerator, "print", call.args) if accelerator else None
-            self.report(call, message, new=new, safe=False)
+    def flag(self, call: cst.Call, accelerator: str | None) -> None:
+        message = "prints on every process; use `accelerator.print`"
+        new = method_call(accelerator, "print", call.args) if accelerator else None
+        self.report(call, message, new=new, safe=False)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import name_expr, with_keyword
-from accelify.rules.facts import Facts, Where
-from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.rule import Invalid, Severity
 from accelify.transform.patterns import callee_name, keyword_arg
 
 _BARS = frozenset({"tqdm", "trange"})
 
 
-class ProgressBarOnEveryProcess(Rule):
+class ProgressBarOnEveryProcess(EveryProcessRule):
     """A `tqdm` progress bar drawn by every process (off by default).
 
     ## What it does
@@ -58,28 +58,17 @@ class ProgressBarOnEveryProcess(Rule):
         ),
     )
 
-    def __init__(self, facts: Facts, reports: list[Report]) -> None:
-        super().__init__(facts, reports)
-        self._candidates: list[tuple[cst.Call, Where, str | None]] = []
-
     def visit_Call(self, node: cst.Call) -> None:
         if callee_name(node) in _BARS and keyword_arg(node, "disable") is None:
-            self._candidates.append((node, self.facts.where(), self.facts.accelerator_here()))
+            self.candidate(node)
 
-    def leave_Module(self, node: cst.Module) -> None:
-        if not self.facts.creates_accelerator:
+    def flag(self, call: cst.Call, accelerator: str | None) -> None:
+        message = (
+            "every process draws this progress bar; "
+            "pass `disable=not accelerator.is_local_main_process`"
+        )
+        if accelerator is None:
+            self.report(call, message)
             return
-        for call, where, accelerator in self._candidates:
-            if self.facts.runs_on(where) != "all":
-                continue
-            message = (
-                "every process draws this progress bar; "
-                "pass `disable=not accelerator.is_local_main_process`"
-            )
-            if accelerator is None:
-                self.report(call, message)
-                continue
-            disable = cst.UnaryOperation(
-                cst.Not(), name_expr(f"{accelerator}.is_local_main_process")
-            )
-            self.report(call, message, new=with_keyword(call, "disable", disable))
+        disable = cst.UnaryOperation(cst.Not(), name_expr(f"{accelerator}.is_local_main_process"))
+        self.report(call, message, new=with_keyword(call, "disable", disable))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import method_call
-from accelify.rules.facts import RANK_NAMES, Facts, Where
-from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.facts import RANK_NAMES
+from accelify.rules.rule import Invalid, Severity
 from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
 
 _WRITE_MODES = ("w", "a", "x")
@@ -19,7 +20,7 @@ def _mentions_rank(node: cst.CSTNode) -> bool:
     return any(name in code for name in RANK_NAMES)
 
 
-class SaveOnEveryProcess(Rule):
+class SaveOnEveryProcess(EveryProcessRule):
     """A file written on every process of a distributed run.
 
     ## What it does
@@ -90,26 +91,20 @@ class SaveOnEveryProcess(Rule):
         ),
     )
 
-    def __init__(self, facts: Facts, reports: list[Report]) -> None:
-        super().__init__(facts, reports)
-        self._candidates: list[tuple[cst.Call, Where, str | None]] = []
-
     def visit_Call(self, node: cst.Call) -> None:
         name = callee_name(node)
         if dotted_name(node.func) == "torch.save" and node.args:
-            self._add(node, "torch.save", fixable=True)
-        elif name == "save_pretrained" and keyword_arg(node, "is_main_process") is None:
-            self._add(node, "save_pretrained")
-        elif name in _WRITERS or (
-            name == "open" and isinstance(node.func, cst.Name) and self._write_mode(node)
+            self._add(node, fixable=True)
+        elif (
+            (name == "save_pretrained" and keyword_arg(node, "is_main_process") is None)
+            or name in _WRITERS
+            or (name == "open" and isinstance(node.func, cst.Name) and self._write_mode(node))
         ):
-            self._add(node, name)
+            self._add(node)
 
-    def _add(self, node: cst.Call, what: str, fixable: bool = False) -> None:
-        if node.args and _mentions_rank(node.args[0].value):
-            return
-        accelerator = self.facts.accelerator_here() if fixable else None
-        self._candidates.append((node, self.facts.where(), accelerator))
+    def _add(self, node: cst.Call, fixable: bool = False) -> None:
+        if not (node.args and _mentions_rank(node.args[0].value)):  # per-rank files are fine
+            self.candidate(node, fixable=fixable)
 
     @staticmethod
     def _write_mode(call: cst.Call) -> bool:
@@ -122,19 +117,10 @@ class SaveOnEveryProcess(Rule):
             for m in _WRITE_MODES  # type: ignore[operator]
         )
 
-    def leave_Module(self, node: cst.Module) -> None:
-        if not self.facts.creates_accelerator:
-            return
-        for call, where, accelerator in self._candidates:
-            if self.facts.runs_on(where) != "all":
-                continue
-            message = (
-                "every process writes this file; guard it with "
-                "`if accelerator.is_main_process:` or use `accelerator.save`"
-            )
-            if accelerator is None:
-                self.report(call, message)
-            else:
-                self.report(
-                    call, message, new=method_call(accelerator, "save", call.args), safe=False
-                )
+    def flag(self, call: cst.Call, accelerator: str | None) -> None:
+        message = (
+            "every process writes this file; guard it with "
+            "`if accelerator.is_main_process:` or use `accelerator.save`"
+        )
+        new = method_call(accelerator, "save", call.args) if accelerator else None
+        self.report(call, message, new=new, safe=False)
