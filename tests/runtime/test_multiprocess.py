@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,18 +23,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "runtime" / "train_t
 SAMPLES = 22
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(out: Path, *args: str, processes: int = 1, env: dict | None = None) -> None:
     launcher = [sys.executable]
     if processes > 1:
-        port = str(_free_port())
-        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
-        launcher += ["--master-port", port]
+        # --standalone lets the agent bind a free port itself: a port picked here could be
+        # taken by a parallel test before the agent binds it.
+        launcher += ["-m", "torch.distributed.run", "--standalone"]
+        launcher += ["--nproc-per-node", str(processes)]
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_"))}
     variables.update(OMP_NUM_THREADS="1", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", **(env or {}))
     result = subprocess.run(
