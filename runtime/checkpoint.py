@@ -12,8 +12,8 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,8 +50,9 @@ def _atomic(path: Path) -> Iterator[str]:
     """Yield a temporary name next to ``path``; rename it to ``path`` if the block succeeds."""
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{path.parent}: no such folder to save {path.name} in")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"))
+    # Created like open() would create it, so the umask applies (mkstemp's would be 0600).
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
         yield tmp
         os.replace(tmp, path)

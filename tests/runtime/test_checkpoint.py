@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -235,3 +237,14 @@ def test_free_memory_forgets_what_was_prepared(tmp_path: Path) -> None:
     assert accelerator.free_memory(model) == [None]
     folder = Path(accelerator.save_state(tmp_path / "state"))
     assert not (folder / "model.safetensors").exists()
+
+
+def test_saved_files_get_the_usual_permissions(tmp_path: Path) -> None:
+    """Atomic writes go through a temporary file; it must not leave the result private (0600)."""
+    previous = os.umask(0o022)
+    try:
+        Accelerator(cpu=True).save({"x": torch.ones(1)}, tmp_path / "w.pt")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "w.pt").stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
