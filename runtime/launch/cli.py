@@ -55,10 +55,11 @@ _VALUE_FLAGS = (
     ("max_restarts", "N", "restart all workers up to N times after a failure (default: 0)"),
     ("monitor_interval", "SECONDS", "how often the agent checks the workers (default: 0.1)"),
 )
+# Settings fields set by a flag without a value: (flag, field, help).
 _SWITCHES = (
-    ("use_cpu", "--cpu", "run on CPU only (gloo), even where GPUs exist"),
-    ("same_network", "--same-network", "accepted for accelerate compatibility (no effect)"),
-    ("debug", "--debug", "show the elastic agent's log and set ACCELERATE_DEBUG_MODE"),
+    ("cpu", "use_cpu", "run on CPU only (gloo), even where GPUs exist"),
+    ("same_network", "same_network", "accepted for accelerate compatibility (no effect)"),
+    ("debug", "debug", "show the elastic agent's log and set ACCELERATE_DEBUG_MODE"),
 )
 
 
@@ -87,8 +88,8 @@ def launch_parser() -> argparse.ArgumentParser:
         usage="%(prog)s [OPTIONS] script.py [script args...]\n"
         "       %(prog)s [OPTIONS] -m module [module args...]\n"
         "       %(prog)s {config,env} ...",
-        description="Launch a training script on N processes and M machines, on torch's "
-        "elastic agent, with the environment HF Accelerate's launcher gives its scripts.",
+        description="Launch a training script on N processes and M machines, on torch's elastic\n"
+        "agent, with the environment HF Accelerate's launcher gives its scripts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
@@ -97,9 +98,10 @@ def launch_parser() -> argparse.ArgumentParser:
     parser.add_argument(*_flag("config_file"), metavar="PATH", help="accelerate-style YAML config")
     for name, metavar, help_text in _VALUE_FLAGS:
         parser.add_argument(*_flag(name), dest=name, metavar=metavar, help=help_text)
-    for name, flag, help_text in _SWITCHES:
-        names = [flag, "--" + flag[2:].replace("-", "_")] if "-" in flag[2:] else [flag]
-        parser.add_argument(*names, dest=name, action="store_true", default=None, help=help_text)
+    for flag, name, help_text in _SWITCHES:
+        parser.add_argument(
+            *_flag(flag), dest=name, action="store_true", default=None, help=help_text
+        )
     parser.add_argument(
         *_flag("multi_gpu"),
         dest="distributed_type",

@@ -59,9 +59,9 @@ def _rendezvous(settings: Settings) -> tuple[str, str, dict[str, Any]]:
     address = settings.main_process_ip or "127.0.0.1"
     if settings.machine_rank == 0:
         _check_port_free(port)
-    if settings.rdzv_backend == "static":
+    if settings.num_machines > 1 and settings.rdzv_backend == "static":
         return "static", f"{address}:{port}", {"rank": settings.machine_rank}
-    return settings.rdzv_backend, f"{address}:{port}", {}
+    return "c10d", f"{address}:{port}", {}
 
 
 def _check_port_free(port: int) -> None:
@@ -127,9 +127,15 @@ def run_elastic(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    env = child_env(settings)
+    if settings.max_restarts:
+        # Workers of a restarted attempt would reuse the agent's store and read the dead
+        # attempt's addresses (torch 2.13 hangs or fails in init_process_group); with this, each
+        # attempt's rank 0 hosts a fresh store. Only the c10d rendezvous honours it.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with (
         tempfile.TemporaryDirectory(prefix="accel-run-") as log_dir,
-        patched_environ(child_env(settings)),
+        patched_environ(env),
         quiet_agent(settings.debug),
     ):
         config = launch_config(settings, start_method, log_dir)

@@ -116,3 +116,11 @@ def test_an_accelerator_script_trains_in_sync_on_two_cpu_processes(accel_run) ->
     assert all(r["type"].endswith("MULTI_CPU") for r in ranks)
     # Each rank saw different data; equal weights mean the gradients were all-reduced.
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+def test_max_restarts_restarts_all_workers_after_a_failure(accel_run) -> None:
+    # Rank 1 raises on the first attempt only; the restarted attempt must rendezvous afresh.
+    done = accel_run("--cpu", "--num-processes", "2", "--max-restarts", "1", FAULTY, "flaky", "1",
+                     timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "failed" not in done.stderr
