@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
     except KeyboardInterrupt:
-        raise
+        sys.exit(130)  # Ctrl-C reached every worker; the launcher says so once
     except SystemExit as err:
         if err.code not in (0, None):
             record_error(err)  # the time tells a rank that gave up from the ranks it took down

@@ -42,6 +42,7 @@ def _ask(defaults: dict[str, Any]) -> dict[str, Any]:
             default=defaults.get("mixed_precision", "no"),
         )
     except EOFError:
+        print()  # end the unanswered prompt's line
         raise cfg.ConfigError(
             "no answer on standard input; use `accel-run config --default` in scripts"
         ) from None

@@ -100,14 +100,18 @@ def patched_environ(env: Mapping[str, str]) -> Iterator[None]:
 @contextlib.contextmanager
 def quiet_agent(debug: bool) -> Iterator[None]:
     """Keep the agent's own log lines (restarts, SIGTERMs, failure boxes) out of the user's way."""
-    logger = logging.getLogger(_ELASTIC_LOGGER)
-    level = logger.level
+    # torch gives each elastic module's logger its own level, so the parent's level is not enough.
+    names = [_ELASTIC_LOGGER, *logging.root.manager.loggerDict]
+    loggers = [logging.getLogger(n) for n in names if n.startswith(_ELASTIC_LOGGER)]
+    levels = [logger.level for logger in loggers]
     if not debug:
-        logger.setLevel(logging.CRITICAL + 1)
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def run_elastic(

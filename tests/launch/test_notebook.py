@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,18 @@ def test_refuses_when_an_accelerator_exists(monkeypatch: pytest.MonkeyPatch) -> 
 def test_bad_arguments_are_value_errors() -> None:
     with pytest.raises(ValueError, match="must be one of no, fp16, bf16, got 'fp8'"):
         notebook_launcher(_must_not_run, num_processes=2, mixed_precision="fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_initialisation_is_refused_before_forking() -> None:
+    code = (
+        "import torch; torch.zeros(1, device='cuda')\n"
+        "from accelify.runtime import notebook_launcher\n"
+        "notebook_launcher(print, num_processes=2, use_port='0')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert "RuntimeError: notebook_launcher: CUDA is already initialised" in done.stderr
