@@ -124,3 +124,18 @@ def test_max_restarts_restarts_all_workers_after_a_failure(accel_run) -> None:
                      timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "failed" not in done.stderr
+
+
+def test_hf_accelerate_reads_the_same_env_as_under_its_own_launcher(accel_run) -> None:
+    pytest.importorskip("accelerate")
+    done = accel_run(
+        "--cpu", "--num_processes", "2", "--mixed_precision", "bf16",
+        "--gradient_accumulation_steps", "3", str(FIXTURES / "hf_accelerate.py"),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    ranks = results(done.stdout)
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+    assert {(r["type"], r["mixed_precision"], r["accumulation"]) for r in ranks} == {
+        ("DistributedType.MULTI_CPU", "bf16", 3)
+    }
