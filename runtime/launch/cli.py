@@ -165,13 +165,13 @@ def _launch(argv: list[str]) -> int:
     args = launch_parser().parse_args(argv)
     if args.script is None:
         raise UsageError("no script to run; see accel-run --help")
-    settings = cfg.load_settings(args.config_file, flag_values(args))
     if args.module:
         command = ["-m", args.script, *args.script_args]
     elif Path(args.script).is_file():
         command = [args.script, *args.script_args]
     else:
-        raise cfg.ConfigError(f"{args.script}:0: no such script")
+        raise UsageError(f"{args.script}:0: no such script")
+    settings = cfg.load_settings(args.config_file, flag_values(args))
     report = run_elastic(settings, sys.executable, [BOOTSTRAP, *command], "spawn", PROG)
     if report is None:
         return 0

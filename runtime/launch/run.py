@@ -129,6 +129,7 @@ def run_elastic(
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
     env = child_env(settings)
@@ -150,8 +151,12 @@ def run_elastic(
         except SignalException as err:
             sig = signal.Signals(err.sigval)
             return FailureReport(f"{prog}: stopped by {sig.name}", 128 + sig.value)
-        except Exception as err:  # the rendezvous store could not bind
-            if settings.main_process_port and "EADDRINUSE" in str(err) + repr(err.__cause__):
+        except Exception as err:
+            # The port was taken between our check and the static store's bind (a c10d agent
+            # would instead wait on it as a client, until the rendezvous timeout).
+            if settings.main_process_port and "EADDRINUSE" in f"{err!r} {err.__cause__!r}":
                 raise ConfigError(_port_busy(settings.main_process_port)) from None
+            if isinstance(err, RendezvousError):  # e.g. the other machines never joined
+                return FailureReport(f"{prog}: rendezvous failed: {err}", 1)
             raise
     return None
