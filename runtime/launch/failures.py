@@ -75,8 +75,16 @@ def describe(failures: list[Failure], prog: str) -> FailureReport:
         f"{prog}: rank {f.rank} also failed ({_how(f)}): {_summary(f)}"
         for f in sorted(others, key=lambda f: f.rank)
     ]
-    code = first.exitcode or 1
-    return FailureReport("\n".join(lines), code if code > 0 else 128 - code)
+    return FailureReport("\n".join(lines), _exit_code(first))
+
+
+def _exit_code(failure: Failure) -> int:
+    """Its own code; 1 when it raised (even if stopped while exiting); 128+N for signal N."""
+    if failure.exitcode and failure.exitcode > 0:
+        return failure.exitcode
+    if failure.error or not failure.exitcode:
+        return 1
+    return 128 - failure.exitcode
 
 
 def _root_cause_key(failure: Failure) -> tuple[int, float, int]:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "launch"
 RUN_MAIN = "from accelify.runtime.launch.cli import main; main()"
 
 
@@ -22,12 +21,20 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def accel_run(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def accel_run_argv() -> list[str]:
+    """The command line of ``accel-run`` without arguments (this interpreter, no PATH lookup)."""
+    return [sys.executable, "-c", RUN_MAIN]
+
+
+@pytest.fixture
+def accel_run(
+    tmp_path: Path, accel_run_argv: list[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the real ``accel-run`` in a subprocess; a hang fails the test after ``timeout``."""
 
     def run(*args: str, cwd: Path = tmp_path, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-c", RUN_MAIN, *args],
+            [*accel_run_argv, *args],
             cwd=cwd,
             env=os.environ.copy(),
             capture_output=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,26 @@ def test_hf_accelerate_reads_the_same_env_as_under_its_own_launcher(accel_run) -
     assert {(r["type"], r["mixed_precision"], r["accumulation"]) for r in ranks} == {
         ("DistributedType.MULTI_CPU", "bf16", 3)
     }
+
+
+def test_two_machines_on_one_host_form_one_world(accel_run_argv: list[str]) -> None:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port = str(probe.getsockname()[1])
+    common = ["--cpu", "--num_machines", "2", "--main_process_ip", "127.0.0.1",
+              "--main_process_port", port, "--num_processes", "2"]  # fmt: skip
+    machines = [
+        subprocess.Popen(
+            [*accel_run_argv, *common, "--machine_rank", rank, ALLREDUCE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in ("0", "1")
+    ]
+    outputs = [machine.communicate(timeout=60) for machine in machines]
+
+    assert [m.returncode for m in machines] == [0, 0], [err for _, err in outputs]
+    # Machine 0 runs global rank 0, machine 1 rank 1, in one world of two.
+    assert [[r["rank"] for r in results(out)] for out, _ in outputs] == [[0], [1]]
+    assert {r["sum"] for out, _ in outputs for r in results(out)} == {1.0}

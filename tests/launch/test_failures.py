@@ -30,6 +30,15 @@ def test_the_earliest_exception_is_the_root_cause_even_within_one_second() -> No
     assert report.exit_code == 1
 
 
+def test_a_rank_that_raised_and_was_stopped_while_exiting_still_exits_1() -> None:
+    report = describe(
+        [_raised(1, 3.0, "ValueError: bad", -signal.SIGTERM), _raised(0, 3.1, PEER_GONE, -6)],
+        "accel-run",
+    )
+    assert report.text.startswith("accel-run: rank 1 failed first (killed by SIGTERM, pid 101):")
+    assert report.exit_code == 1
+
+
 def test_a_rank_killed_from_outside_comes_before_the_peers_it_broke() -> None:
     report = describe(
         [_raised(0, 5.0, PEER_GONE), Failure(1, -signal.SIGKILL, 7), Failure(2, -signal.SIGTERM)],
