@@ -1,8 +1,9 @@
 """accel-run settings: accelerate's YAML config schema, defaults, flags over file, children's env.
 
 Every setting is validated by one parser whether it comes from the YAML file or from a flag, so
-both give the same message. A later backend (DeepSpeed, FSDP) adds its ``*_config`` section to
-:data:`SECTIONS` and its name to :data:`DISTRIBUTED_TYPES`; nothing else here has to change.
+both give the same message. A later backend (DeepSpeed, FSDP) registers its ``*_config`` section
+parser in :data:`SECTIONS` (its :class:`Section` brings its children's env) and its name in
+:data:`DISTRIBUTED_TYPES`; its ``--use-*`` flag sets ``distributed_type`` in cli.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -131,7 +132,7 @@ class Settings:
     max_restarts: int = 0
     monitor_interval: float = 0.1
     # Backend sections (``deepspeed_config``, ``fsdp_config``) once a later issue registers them.
-    sections: Mapping[str, Any] = field(default_factory=dict)
+    sections: Mapping[str, Section] = field(default_factory=dict)
 
     @property
     def processes_per_machine(self) -> int:
@@ -166,8 +167,18 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "monitor_interval": positive_float,
 }
 FILE_KEYS = frozenset(PARSERS) - {"gradient_accumulation_steps", "max_restarts", "monitor_interval"}
+
+
+class Section(Protocol):
+    """A backend's parsed ``*_config`` section (``deepspeed_config``, ``fsdp_config``, ...)."""
+
+    def env(self) -> dict[str, str]:
+        """What accelerate's launcher sets for this backend (``ACCELERATE_USE_FSDP``, ...)."""
+        ...
+
+
 # ``*_config`` sections: name -> parser of the nested mapping. Empty until a backend registers one.
-SECTIONS: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+SECTIONS: dict[str, Callable[[Mapping[str, Any]], Section]] = {}
 # Keys accelerate writes into every config that only matter to features accel-run does not have;
 # accepted while they hold these values so an existing accelerate config keeps working.
 INERT_KEYS: dict[str, tuple[object, ...]] = {
@@ -303,6 +314,8 @@ def child_env(settings: Settings, environ: Mapping[str, str] | None = None) -> d
         env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(settings.gradient_accumulation_steps)
     if settings.gpu_ids not in (None, "all"):
         env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
+    for section in settings.sections.values():
+        env.update(section.env())
     if "OMP_NUM_THREADS" not in environ:
         # Like torchrun, do not let N processes each start one thread per core.
         env["OMP_NUM_THREADS"] = str(
