@@ -52,9 +52,9 @@ def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional a
             "use_cpu": gpus == 0,
         }
         flags = {key: cfg.parse_value(key, value) for key, value in given.items()}
+        settings = cfg.resolve({}, flags, cfg.gpu_count)
     except ValueError as err:
         raise ValueError(f"notebook_launcher: {err}") from None
-    settings = cfg.resolve({}, flags, cfg.gpu_count)
     if settings.num_processes == 1:
         with patched_environ(cfg.child_env(settings)):
             function(*args)
