@@ -5,6 +5,8 @@ the error file torch's elastic agent gives each worker (``TORCHELASTIC_ERROR_FIL
 ``torch.distributed.elastic``'s ``@record``) instead of printing it, so the launcher can show the
 failing rank's traceback first rather than after every other rank's "peer closed" noise. It is run
 by path and imports only the standard library: the user's script decides when torch is imported.
+Being run by path, its folder is ``sys.path[0]`` while it starts, so no module in this folder may
+be named like a standard-library one.
 """
 
 from __future__ import annotations
