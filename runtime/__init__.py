@@ -1,17 +1,36 @@
-"""The bundled runtime: an Accelerate-compatible ``Accelerator`` and the ``accel-run`` launcher."""
+"""The bundled runtime: an Accelerate-compatible ``Accelerator`` and the ``accel-run`` launcher.
+
+The public names load on first use, so ``accel-run --help`` and ``accel-run config`` answer
+without importing torch; ``from accelify.runtime import Accelerator`` works as usual.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .accelerator import Accelerator
-from .checkpoint import load_checkpoint_in_model
-from .config import ProjectConfiguration
-from .data import skip_first_batches
-from .handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
-from .rng import set_seed
-from .state import DistributedType
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+    from .checkpoint import load_checkpoint_in_model
+    from .config import ProjectConfiguration
+    from .data import skip_first_batches
+    from .handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
+    from .launch.notebook import notebook_launcher
+    from .rng import set_seed
+    from .state import DistributedType
 
+_HOMES = {
+    "Accelerator": "accelerator",
+    "AutocastKwargs": "handlers",
+    "DistributedDataParallelKwargs": "handlers",
+    "DistributedType": "state",
+    "GradScalerKwargs": "handlers",
+    "ProjectConfiguration": "config",
+    "load_checkpoint_in_model": "checkpoint",
+    "notebook_launcher": "launch.notebook",
+    "set_seed": "rng",
+    "skip_first_batches": "data",
+}
 __all__ = [
     "Accelerator",
     "AutocastKwargs",
@@ -27,9 +46,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The launcher lives in launch/ and is only imported by the scripts that use it.
-    if name == "notebook_launcher":
-        from .launch.notebook import notebook_launcher
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
-        return notebook_launcher
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -45,13 +46,24 @@ def test_main_process_helpers_run_on_the_only_process(capsys: pytest.CaptureFixt
     assert capsys.readouterr().out == "hello\n"
 
 
-def test_importing_the_runtime_leaves_heavy_and_unrelated_modules_alone() -> None:
+def _imported_after(statement: str, modules: tuple[str, ...]) -> list[str]:
     code = (
-        "import sys, accelify.runtime\n"
-        "print(sorted(m for m in ('deepspeed', 'torch._dynamo', 'libcst', 'accelerate') "
-        "if m in sys.modules))"
+        f"import json, sys\n{statement}\n"
+        f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "[]"
+    return json.loads(result.stdout)
+
+
+def test_importing_the_runtime_leaves_heavy_and_unrelated_modules_alone() -> None:
+    heavy = ("deepspeed", "torch._dynamo", "libcst", "accelerate")
+    # Every public name, the Accelerator included, is loaded by the star import.
+    assert _imported_after("from accelify.runtime import *", heavy) == []
+
+
+def test_the_package_loads_its_public_names_on_first_use() -> None:
+    """accel-run's --help and config commands import accelify.runtime without needing torch."""
+    assert _imported_after("import accelify.runtime", ("torch",)) == []
+    assert _imported_after("from accelify.runtime import Accelerator", ("torch",)) == ["torch"]
