@@ -148,6 +148,13 @@ class Analysis:
             current = self.parent(current)
         return current
 
+    def contains(self, ancestor: cst.CSTNode, node: cst.CSTNode) -> bool:
+        """Whether ``node`` lies inside ``ancestor`` (or is it)."""
+        current: cst.CSTNode | None = node
+        while current is not None and current is not ancestor:
+            current = self.parent(current)
+        return current is ancestor
+
     def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         """The innermost statement (line or compound) that contains ``node``."""
         current: cst.CSTNode | None = node

@@ -12,6 +12,7 @@ from accelify.transform.steps.amp import amp
 from accelify.transform.steps.backward import backward
 from accelify.transform.steps.clip import clip
 from accelify.transform.steps.device import device
+from accelify.transform.steps.metrics import metrics
 from accelify.transform.steps.moves import moves
 from accelify.transform.steps.output import output
 from accelify.transform.steps.prepare import prepare
@@ -28,6 +29,7 @@ STEPS: list[Step] = [
     backward,
     clip,
     save,
+    metrics,
     output,
     seed,
     accelerator,

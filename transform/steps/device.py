@@ -51,7 +51,7 @@ def _one_device(plan: Plan, bindings: list[Binding], value: cst.Attribute) -> No
         )
     plan.changed(first.node, f"{key} = {a.module.code_for_node(value)}")
     for later in bindings[1:]:
-        if chain is None or not _inside(a, later, chain):
+        if chain is None or not a.contains(chain, later.node):
             plan.remove(a.statement_of(later.node))
             plan.changed(later.node, f"removed a second choice of {key}")
 
@@ -78,10 +78,3 @@ def _only_sets(branch: cst.If | cst.Else | None, key: str) -> bool:
         and is_device(assign.value, by_name=False)
     )
     return ok and (isinstance(branch, cst.Else) or _only_sets(branch.orelse, key))
-
-
-def _inside(a: Analysis, binding: Binding, chain: cst.If) -> bool:
-    node: cst.CSTNode | None = binding.node
-    while node is not None and node is not chain:
-        node = a.parent(node)
-    return node is chain

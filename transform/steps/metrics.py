@@ -1,0 +1,84 @@
+"""Evaluation metrics count every sample once, not one process's shard.
+
+A prepared eval loader gives each process a different shard, so a metric fed inside the loop only
+sees that process's share. ``metric.add_batch(predictions=p, references=r)`` (HF ``evaluate``)
+gets its arguments through ``accelerator.gather_for_metrics``, which also drops the samples
+duplicated to even out the last batch. Hand-rolled sums (``correct += ...``) are reported: which
+part of the expression holds one value per sample is not something to guess.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.transform.analysis import Loop, mentions
+from accelify.transform.patterns import Role, callee_name, method_call
+from accelify.transform.plan import Plan
+from accelify.transform.setup import reachable
+from accelify.transform.steps.moves import batch_names
+
+_GATHERS = frozenset({"gather", "gather_for_metrics", "reduce"})
+
+
+def metrics(plan: Plan) -> None:
+    if plan.setup is None:
+        return
+    a = plan.analysis
+    training = reachable(a, plan.setup.scope)
+    for loop in a.loops:
+        if (
+            loop.trains
+            or loop.scope not in training
+            or loop.iterable is None
+            or a.role(loop.scope, loop.iterable) is not Role.DATALOADER
+        ):
+            continue
+        _gather_metric_inputs(plan, loop)
+        _report_sums(plan, loop)
+
+
+def _gather_metric_inputs(plan: Plan, loop: Loop) -> None:
+    a = plan.analysis
+    for call, scope in a.calls:
+        if scope is not loop.scope or method_call(call, "add_batch") is None:
+            continue
+        if not a.contains(loop.node, call) or any(
+            isinstance(arg.value, cst.Call) and callee_name(arg.value) in _GATHERS
+            for arg in call.args
+        ):
+            continue
+        accelerator = plan.accelerator(call)
+        if accelerator is None:
+            continue
+        gather = cst.Attribute(accelerator, cst.Name("gather_for_metrics"))
+        for arg in call.args:
+            plan.edits.replace(arg.value, lambda node, f=gather: cst.Call(f, [cst.Arg(node)]))
+        plan.changed(call, "metric inputs gathered with accelerator.gather_for_metrics")
+
+
+def _report_sums(plan: Plan, loop: Loop) -> None:
+    a = plan.analysis
+    per_batch = batch_names(a, loop) | {
+        b.key for b in a.bindings if b.scope is loop.scope and a.contains(loop.node, b.node)
+    }
+    for node in _aug_assigns(loop.node):
+        if mentions(node.value, per_batch):
+            plan.needs_human(
+                node,
+                "sums this process's shard only: gather per-sample values with "
+                "accelerator.gather_for_metrics first",
+            )
+
+
+def _aug_assigns(node: cst.CSTNode) -> list[cst.AugAssign]:
+    found: list[cst.AugAssign] = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_AugAssign(self, aug: cst.AugAssign) -> None:
+            found.append(aug)
+
+        def visit_FunctionDef(self, function: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(_Finder())
+    return found
