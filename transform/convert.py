@@ -52,6 +52,23 @@ def parse(source: str, path: str) -> cst.Module:
         raise SourceError(path, err.raw_line, f"cannot parse: {first}") from None
 
 
+def _refuse_unreachable_training(plan: Plan) -> None:
+    """Convert all of a setup or none of it: a training step the accelerator cannot be handed to
+    (objects built in a factory, trained in a class) would be left half-converted and wrong."""
+    setup = plan.setup
+    if setup is None or setup.exists:
+        return
+    for call, scope, _loop in plan.analysis.backward_calls:
+        if plan.accelerator(call, borrow=False) is None:
+            plan.needs_human(
+                call,
+                f"left unchanged: this training step in {scope.name}() cannot be handed the "
+                f"accelerator of the objects built in {setup.scope.name}(); convert by hand",
+            )
+            plan.setup = None
+            return
+
+
 def convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
     """Convert one script's source text; raise :class:`SourceError` on input we cannot parse."""
     module = parse(source, path)
@@ -60,6 +77,7 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
     plan = Plan(analysis, options or Options(), setup)
     for node, reason in refusals:
         plan.needs_human(node, f"left unchanged: {reason}")
+    _refuse_unreachable_training(plan)
     for step in STEPS:
         step(plan)
     code = apply(module, plan.edits).code

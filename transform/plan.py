@@ -70,8 +70,12 @@ class Plan:
         ):
             self.remove(owner)
 
-    def accelerator(self, node: cst.CSTNode) -> cst.BaseExpression | None:
-        """How code at ``node`` reaches the accelerator, or None when it cannot."""
+    def accelerator(self, node: cst.CSTNode, *, borrow: bool = True) -> cst.BaseExpression | None:
+        """How code at ``node`` reaches the accelerator, or None when it cannot.
+
+        With ``borrow`` (what steps that use the answer want), a function that has to be handed
+        the accelerator is recorded so that the thread step adds the parameter.
+        """
         setup = self.setup
         if setup is None:
             return None
@@ -82,7 +86,7 @@ class Plan:
             return cst.parse_expression(setup.accelerator)
         if scope.cls is not None or scope.parent is not self.analysis.scopes[0]:
             return None  # methods and nested functions are not handed the accelerator
-        if ACCELERATOR not in scope.params:
+        if borrow and ACCELERATOR not in scope.params:
             self.borrowers.add(scope)
         return cst.Name(ACCELERATOR)
 

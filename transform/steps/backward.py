@@ -21,6 +21,8 @@ def to_accelerator_backward(accelerator: cst.BaseExpression, call: cst.Call) -> 
 
 
 def backward(plan: Plan) -> None:
+    if plan.setup is None:
+        return
     a = plan.analysis
     for call, scope, _loop in a.backward_calls:
         receiver = key_of(call.func.value)  # type: ignore[union-attr]
