@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, mentions
+from accelify.transform.patterns import Role
 from accelify.transform.plan import Plan
 
 # Wrap the call like black would past this width (the guide's own example is wrapped).
@@ -38,6 +39,23 @@ def prepare(plan: Plan) -> None:
     plan.changed(where, f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()")
     for b in setup.unprepared:
         plan.needs_human(b.node, f"{b.key} is built conditionally: add it to prepare() by hand")
+    _report_unsharded_training(plan, keys)
+
+
+def _report_unsharded_training(plan: Plan, keys: list[str]) -> None:
+    """Without a DataLoader there is nothing to shard: every process would see all the data."""
+    a = plan.analysis
+    setup = plan.setup
+    loaders = set(keys) | setup.already_prepared  # type: ignore[union-attr]
+    if any(a.role(setup.scope, k) is Role.DATALOADER for k in loaders):  # type: ignore[union-attr]
+        return
+    training = next((loop for loop in a.loops if loop.trains), None)
+    if training is not None:
+        plan.needs_human(
+            training.node,
+            "no DataLoader feeds this loop, so every process trains on all the data; "
+            "iterate a DataLoader and prepare() it to shard the data",
+        )
 
 
 def _prepare_code(keys: list[str], accelerator: str, indent: int) -> str:
