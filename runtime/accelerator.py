@@ -53,7 +53,7 @@ class Accelerator:
         options = handlers.collect(kwargs_handlers)
         self.strategy = strategies.select(self.state, **options["ddp"])
         self.precision = precision.select(
-            self.mixed_precision,
+            "no" if self.strategy.owns_precision else self.mixed_precision,
             self.state.device,
             autocast_kwargs=options["autocast"],
             scaler_kwargs=options["scaler"],
@@ -145,11 +145,11 @@ class Accelerator:
         placement = list(device_placement or [self.device_placement] * len(args))
         if len(placement) != len(args):
             raise ValueError("device_placement needs one entry per object passed to prepare()")
-        result = list(args)
-        for i, obj in enumerate(args):
+        result = self.strategy.setup(list(args), self._training())
+        for i, obj in enumerate(result):
             if not isinstance(obj, LRScheduler):
                 result[i] = self._prepare_one(obj, placement[i])
-        for i, obj in enumerate(args):
+        for i, obj in enumerate(result):
             if isinstance(obj, LRScheduler):
                 result[i] = self._prepare_scheduler(obj)
         return result[0] if len(result) == 1 else tuple(result)
@@ -157,7 +157,11 @@ class Accelerator:
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
         if isinstance(obj, torch.nn.Module):
             return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, PreparedOptimizer | data.PreparedDataLoader):
+        if isinstance(obj, data.PreparedDataLoader):
+            return obj
+        if isinstance(obj, PreparedOptimizer):  # a backend's own (setup) or prepared before
+            if all(obj is not seen for seen in self._optimizers):
+                self._optimizers.append(obj)
             return obj
         if isinstance(obj, torch.optim.Optimizer):
             if obj.state and placement:  # state loaded before prepare: follow the parameters
@@ -197,7 +201,12 @@ class Accelerator:
 
     def _prepare_scheduler(self, scheduler: LRScheduler) -> PreparedScheduler:
         owner = scheduler.optimizer
-        optimizers = [o for o in self._optimizers if owner is o or owner is o.optimizer]
+        # The scheduler's optimizer may sit under a backend's (a ZeRO optimizer wraps the user's).
+        optimizers = [
+            o
+            for o in self._optimizers
+            if any(owner is x for x in (o, o.optimizer, getattr(o.optimizer, "optimizer", None)))
+        ]
         prepared = PreparedScheduler(
             scheduler,
             optimizers,
@@ -211,11 +220,17 @@ class Accelerator:
 
     # -- the training step ---------------------------------------------------------------------
 
+    def _training(self) -> strategies.Training:
+        return strategies.Training(
+            self.gradient_accumulation_steps, self.mixed_precision, self._shared, self.precision
+        )
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` with accumulation scaling (1/N) and fp16 loss scaling."""
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        self.precision.backward(loss, **kwargs)
+        """``loss.backward()`` with accumulation scaling (1/N) and fp16 loss scaling.
+
+        Under DeepSpeed the engine does both, and steps its optimizer when gradients sync.
+        """
+        self.strategy.backward(loss, self._training(), **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -256,8 +271,12 @@ class Accelerator:
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2
-    ) -> torch.Tensor:
-        """Clip the gradients' total norm (unscaled first under fp16); return that norm."""
+    ) -> torch.Tensor | None:
+        """Clip the gradients' total norm (unscaled first under fp16); return that norm.
+
+        Under DeepSpeed the engine clips (``gradient_clipping`` in its config) and this returns
+        ``None``, as in HF Accelerate.
+        """
         self.unscale_gradients()
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 

@@ -237,7 +237,7 @@ def _name(kind: str, index: int, suffix: str) -> str:
     return f"{kind}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
-def _model_files(index: int) -> tuple[str, str]:
+def model_files(index: int) -> tuple[str, str]:
     """The safetensors and the torch file name of the ``index``-th model (HF's names)."""
     return _name("model", index, ".safetensors"), _name("pytorch_model", index, ".bin")
 
@@ -256,13 +256,14 @@ def save_state(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     strategy.barrier()
-    weights = [strategy.model_state_dict(model) for model in parts.models]
+    common = not strategy.save_checkpoint(partial, parts.models, parts.optimizers)
+    weights = [strategy.model_state_dict(model) for model in parts.models] if common else []
     if state.is_main_process:
         for i, state_dict in enumerate(weights):
-            name = _model_files(i)[0 if safe_serialization else 1]
+            name = model_files(i)[0 if safe_serialization else 1]
             save(state_dict, partial / name, safe_serialization)
         for kind, objects in (
-            ("optimizer", parts.optimizers),
+            ("optimizer", parts.optimizers if common else []),
             ("scheduler", parts.schedulers),
             ("dataloader", parts.dataloaders),
         ):
@@ -294,7 +295,7 @@ def _swap_in(partial: Path, final: Path) -> None:
         partial.rename(final)
 
 
-def _load(path: Path) -> Any:
+def load_object(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing from the checkpoint")
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -310,24 +311,25 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     meta_path = folder / META
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: missing, not a checkpoint written by save_state")
-    for i, model in enumerate(parts.models):
-        found = [folder / name for name in _model_files(i) if (folder / name).is_file()]
+    common = not parts.strategy.load_checkpoint(folder, parts.models, parts.optimizers)
+    for i, model in enumerate(parts.models if common else []):
+        found = [folder / name for name in model_files(i) if (folder / name).is_file()]
         if not found:
-            raise FileNotFoundError(f"{folder / _model_files(i)[0]}: missing from the checkpoint")
+            raise FileNotFoundError(f"{folder / model_files(i)[0]}: missing from the checkpoint")
         weights = found[0]
         load_checkpoint_in_model(parts.strategy.unwrap_model(model), weights, strict=True)
     for kind, objects in (
-        ("optimizer", parts.optimizers),
+        ("optimizer", parts.optimizers if common else []),
         ("scheduler", parts.schedulers),
         ("dataloader", parts.dataloaders),
     ):
         for i, obj in enumerate(objects):
-            obj.load_state_dict(_load(folder / _name(kind, i, ".bin")))
+            obj.load_state_dict(load_object(folder / _name(kind, i, ".bin")))
     if parts.precision.state_dict() is not None:
-        parts.precision.load_state_dict(_load(folder / "scaler.pt"))
+        parts.precision.load_state_dict(load_object(folder / "scaler.pt"))
     for i, obj in enumerate(parts.custom):
-        obj.load_state_dict(_load(folder / f"custom_checkpoint_{i}.pkl"))
-    rng.restore(_load(folder / f"random_states_{parts.strategy.state.process_index}.pkl"))
+        obj.load_state_dict(load_object(folder / f"custom_checkpoint_{i}.pkl"))
+    rng.restore(load_object(folder / f"random_states_{parts.strategy.state.process_index}.pkl"))
     return json.loads(meta_path.read_text())
 
 

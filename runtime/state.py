@@ -22,6 +22,15 @@ class DistributedType(str, Enum):
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+
+
+# The launcher's switches for a sharded backend (HF Accelerate's names); at most one may be set.
+SHARDED_BACKENDS = {
+    "ACCELERATE_USE_DEEPSPEED": DistributedType.DEEPSPEED,
+    "ACCELERATE_USE_FSDP": DistributedType.FSDP,
+}
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,8 @@ class ProcessState:
 
     @property
     def use_distributed(self) -> bool:
-        return self.num_processes > 1
+        """More than one process, or a sharded backend (it runs a process group even on one)."""
+        return self.num_processes > 1 or self.distributed_type in SHARDED_BACKENDS.values()
 
 
 @dataclass
@@ -93,9 +103,21 @@ def reset() -> None:
         dist.destroy_process_group()
 
 
+def _sharded_backend() -> DistributedType | None:
+    from .config import env_flag
+
+    chosen = [kind for name, kind in SHARDED_BACKENDS.items() if env_flag(name)]
+    if len(chosen) > 1:
+        raise ValueError("ACCELERATE_USE_DEEPSPEED and ACCELERATE_USE_FSDP are both set; pick one")
+    return chosen[0] if chosen else None
+
+
 def _resolve(cpu: bool) -> ProcessState:
     world_size = _int_env("WORLD_SIZE", 1)
-    if world_size <= 1:
+    sharded = _sharded_backend()
+    if sharded is not None and "MASTER_ADDR" not in os.environ:
+        raise ValueError(f"{sharded.value} needs a launcher: start the script with accel-run")
+    if world_size <= 1 and sharded is None:
         device = _best_device(cpu)
         return ProcessState(1, 0, 0, device, DistributedType.NO, cpu)
     rank, local_rank = _int_env("RANK", 0), _int_env("LOCAL_RANK", 0)
@@ -111,7 +133,7 @@ def _resolve(cpu: bool) -> ProcessState:
         raise RuntimeError(
             f"WORLD_SIZE={world_size} but the process group has {dist.get_world_size()} processes"
         )
-    kind = DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU
+    kind = sharded or (DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU)
     return ProcessState(world_size, rank, local_rank, device, kind, cpu)
 
 

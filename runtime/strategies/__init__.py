@@ -5,14 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..state import DistributedType, ProcessState
-from .base import Strategy
+from .base import Strategy, Training
 from .ddp import DDP
+from .deepspeed import DeepSpeed
+from .fsdp import FSDP
 from .single import SingleDevice
 
 STRATEGIES: dict[DistributedType, type[Strategy]] = {
     DistributedType.NO: SingleDevice,
     DistributedType.MULTI_CPU: DDP,
     DistributedType.MULTI_GPU: DDP,
+    DistributedType.DEEPSPEED: DeepSpeed,
+    DistributedType.FSDP: FSDP,
 }
 
 
@@ -21,4 +25,13 @@ def select(state: ProcessState, **kwargs: Any) -> Strategy:
     return STRATEGIES[state.distributed_type](state, **kwargs)
 
 
-__all__ = ["DDP", "STRATEGIES", "SingleDevice", "Strategy", "select"]
+__all__ = [
+    "DDP",
+    "FSDP",
+    "STRATEGIES",
+    "DeepSpeed",
+    "SingleDevice",
+    "Strategy",
+    "Training",
+    "select",
+]

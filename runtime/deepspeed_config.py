@@ -1,0 +1,209 @@
+"""The DeepSpeed config a run trains with, built before ``deepspeed.initialize`` sees it.
+
+It is the user's JSON file, or one built from the launch options (``--zero-stage`` ...) when there
+is none. ``"auto"`` values are filled from the launch options and the script (the prepared
+loader's batch size, the Accelerator's accumulation steps and mixed precision), as HF Accelerate
+does. A value given in two places with different values is an error naming both: nothing is
+chosen silently. Plain Python (no deepspeed, no torch) so accel-run checks the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+AUTO = "auto"
+# Launch option -> where it lives in a DeepSpeed config.
+OPTION_KEYS = {
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "gradient_clipping": "gradient_clipping",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+# Launch option -> the variable HF Accelerate's launcher passes it in.
+OPTION_ENV = {
+    "zero_stage": "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    "offload_optimizer_device": "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+    "offload_param_device": "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+    "gradient_clipping": "ACCELERATE_GRADIENT_CLIPPING",
+    "gradient_accumulation_steps": "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "zero3_save_16bit_model": "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+}
+CONFIG_FILE_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def parse_option(name: str, value: object) -> Any:
+    """One launch option, validated (``ValueError`` says what is wrong)."""
+    text = str(value).strip().lower()
+    if name == "zero_stage":
+        if text not in ("0", "1", "2", "3"):
+            raise ValueError(f"must be 0, 1, 2 or 3, got {value!r}")
+        return int(text)
+    if name in ("offload_optimizer_device", "offload_param_device"):
+        if text not in OFFLOAD_DEVICES:
+            raise ValueError(f"must be one of {', '.join(OFFLOAD_DEVICES)}, got {value!r}")
+        return text
+    if name == "gradient_clipping":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"must be a number, got {value!r}") from None
+    if name == "gradient_accumulation_steps":
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"must be a positive integer, got {value!r}")
+        return int(text)
+    if text not in ("true", "false"):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return text == "true"
+
+
+def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The launch options a launcher passed (only those it set)."""
+    options = {}
+    for name, variable in OPTION_ENV.items():
+        raw = environ.get(variable, "").strip()
+        if raw and raw != AUTO:
+            try:
+                options[name] = parse_option(name, raw)
+            except ValueError as err:
+                raise ValueError(f"environment variable {variable}: {err}") from None
+    return options
+
+
+def read_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A DeepSpeed JSON config; errors are one line pointing at ``path:line``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"{path}:0: cannot read the DeepSpeed config: {err.strerror}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: not valid JSON: {err.msg}") from None
+    if not isinstance(config, dict) or "zero_optimization" not in config:
+        raise ValueError(f"{path}:1: a DeepSpeed config needs a zero_optimization section")
+    return config
+
+
+def get(config: Mapping[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(config, Mapping):
+            return None
+        config = config.get(key)  # type: ignore[assignment]
+    return config
+
+
+def _put(config: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        config = config.setdefault(key, {})
+    config[last] = value
+
+
+def merge_options(
+    config: Mapping[str, Any] | None, options: Mapping[str, Any], where: str
+) -> dict[str, Any]:
+    """The config with the launch options in it; ``config=None`` builds one from them alone.
+
+    An option fills a missing or ``"auto"`` value; one that differs from an explicit value in
+    the file ``where`` is refused with both named.
+    """
+    if config is None:
+        merged: dict[str, Any] = {"train_batch_size": AUTO, "train_micro_batch_size_per_gpu": AUTO}
+        defaults = {"zero_stage": 2, "offload_optimizer_device": "none"}
+        defaults["offload_param_device"] = "none"
+        options = {**defaults, **options}
+    else:
+        merged = json.loads(json.dumps(config))
+    conflicts = []
+    for name, value in options.items():
+        key = OPTION_KEYS[name]
+        current = get(merged, key)
+        if current in (None, AUTO):
+            _put(merged, key, value)
+        elif current != value:
+            conflicts.append(f"{key}={current!r} in {where} but {name}={value!r} in the launch")
+    if conflicts:
+        raise ValueError(f"conflicting DeepSpeed settings: {'; '.join(conflicts)}")
+    return merged
+
+
+def fill_from_script(
+    config: Mapping[str, Any],
+    *,
+    micro_batch_size: int | None,
+    accumulation_steps: int,
+    num_processes: int,
+    mixed_precision: str,
+) -> dict[str, Any]:
+    """Fill what only the script knows; refuse explicit config values the script contradicts."""
+    filled = json.loads(json.dumps(config))
+    conflicts = []
+
+    def settle(key: str, value: Any, source: str) -> None:
+        current = get(filled, key)
+        if current in (None, AUTO):
+            _put(filled, key, value)
+        elif value is not None and current != value:
+            conflicts.append(f"{key}={current!r} in the DeepSpeed config but {source}")
+
+    settle(
+        "gradient_accumulation_steps",
+        accumulation_steps,
+        f"gradient_accumulation_steps={accumulation_steps} in the Accelerator",
+    )
+    if micro_batch_size is None and get(filled, "train_micro_batch_size_per_gpu") in (None, AUTO):
+        raise ValueError(
+            "DeepSpeed needs the micro-batch size: pass the training DataLoader to the same "
+            "prepare() call as the model, or set train_micro_batch_size_per_gpu in the config"
+        )
+    settle(
+        "train_micro_batch_size_per_gpu",
+        micro_batch_size,
+        f"the prepared DataLoader gives {micro_batch_size} samples per process",
+    )
+    micro = get(filled, "train_micro_batch_size_per_gpu")
+    steps = get(filled, "gradient_accumulation_steps")
+    settle("train_batch_size", micro * steps * num_processes, "micro-batch x steps x processes")
+    _fill_precision(filled, mixed_precision, conflicts)
+    if get(filled, "gradient_clipping") in (None, AUTO):
+        # No clipping unless asked: DeepSpeed's own default (and HF's "auto") clip at 1.0, which
+        # would train a script that never clips differently from DDP.
+        filled["gradient_clipping"] = 0.0
+    left = sorted(_auto_paths(filled))
+    if conflicts:
+        raise ValueError(f"conflicting DeepSpeed settings: {'; '.join(conflicts)}")
+    if left:
+        raise ValueError(f"DeepSpeed config values left 'auto' that accelify cannot fill: {left}")
+    return filled
+
+
+def _fill_precision(config: dict[str, Any], mixed_precision: str, conflicts: list[str]) -> None:
+    """``fp16.enabled``/``bf16.enabled`` from the Accelerator's mixed precision."""
+    for kind in ("fp16", "bf16"):
+        wanted = mixed_precision == kind
+        current = get(config, f"{kind}.enabled")
+        if current in (None, AUTO):
+            if wanted or current == AUTO:
+                _put(config, f"{kind}.enabled", wanted)
+        elif current != wanted and mixed_precision != "no":
+            conflicts.append(
+                f"{kind}.enabled={current!r} in the DeepSpeed config but "
+                f"mixed_precision={mixed_precision!r}"
+            )
+
+
+def _auto_paths(config: Mapping[str, Any], prefix: str = "") -> list[str]:
+    found = []
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            found += _auto_paths(value, f"{prefix}{key}.")
+        elif value == AUTO:
+            found.append(f"{prefix}{key}")
+    return found
