@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from accelify.runtime.launch import backends
 from accelify.runtime.launch import config as cfg
 
 PROG = "accel-run"
@@ -109,6 +110,7 @@ def launch_parser() -> argparse.ArgumentParser:
         const="MULTI_GPU",
         help="accepted for accelerate compatibility (several processes imply it)",
     )
+    backends.add_flags(parser)
     parser.add_argument(
         "-m", "--module", action="store_true", help="the target is a module name, as in python -m"
     )
@@ -172,6 +174,7 @@ def _launch(argv: list[str]) -> int:
     else:
         raise UsageError(f"{args.script}:0: no such script")
     settings = cfg.load_settings(args.config_file, flag_values(args))
+    settings = backends.apply(settings, args)
     report = run_elastic(settings, sys.executable, [BOOTSTRAP, *command], "spawn", PROG)
     if report is None:
         return 0

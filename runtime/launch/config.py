@@ -19,8 +19,8 @@ import yaml
 
 DEFAULT_PORT = 29500
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
-# The distributed types accel-run can launch; a later issue adds "FSDP" and "DEEPSPEED".
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
+# The distributed types accel-run can launch (backends.py registers the sharded ones' sections).
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 
 
 class ConfigError(ValueError):

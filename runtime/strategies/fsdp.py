@@ -214,7 +214,7 @@ class FSDP(Strategy):
         for model in models:
             own = {id(p) for p in model.parameters()}
             held = [{id(p) for g in o.param_groups for p in g["params"]} for o in optimizers]
-            pairs.append((model, [o for o, ids in zip(optimizers, held) if ids & own]))
+            pairs.append((model, [o for o, ids in zip(optimizers, held, strict=True) if ids & own]))
         return pairs
 
     def save_checkpoint(self, folder: Path, models: list[Any], optimizers: list[Any]) -> bool:

@@ -159,18 +159,18 @@ def test_config_asks_and_re_asks_on_bad_answers(
 def test_a_backend_section_plugs_in_without_other_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Fsdp:
+    class StandIn:
         def __init__(self, values: dict) -> None:
             self.values = values
 
         def env(self) -> dict[str, str]:
             return {"ACCELERATE_USE_FSDP": "true", "FSDP_MIN_NUM_PARAMS": str(self.values["n"])}
 
-    path = _write(tmp_path, "fsdp_config:\n  n: 7\n")
-    with pytest.raises(cfg.ConfigError, match="fsdp_config: unknown key"):
+    path = _write(tmp_path, "megatron_lm_config:\n  n: 7\n")
+    with pytest.raises(cfg.ConfigError, match="megatron_lm_config: unknown key"):
         cfg.load_file(path)
 
-    monkeypatch.setitem(cfg.SECTIONS, "fsdp_config", Fsdp)
+    monkeypatch.setitem(cfg.SECTIONS, "megatron_lm_config", StandIn)
     settings = cfg.load_settings(str(path), {"use_cpu": True})
     env = cfg.child_env(settings)
     assert (env["ACCELERATE_USE_FSDP"], env["FSDP_MIN_NUM_PARAMS"]) == ("true", "7")

@@ -1,0 +1,187 @@
+"""accel-run's sharded backends: ``deepspeed_config``/``fsdp_config`` sections and their flags.
+
+Keys, flags and the variables handed to the workers are accelerate's (``commands/launch.py``,
+``utils/launch.py``), so an accelerate config or command line means the same here. Flags override
+the YAML section key by key; a flag of one backend without that backend selected, both backends at
+once, or a DeepSpeed JSON file contradicting a launch option are refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from accelify.runtime import deepspeed_config as dsc
+from accelify.runtime.launch import config as cfg
+
+
+def _ds_option(name: str) -> Callable[[object], Any]:
+    return lambda value: dsc.parse_option(name, value)
+
+
+def _fsdp_sharding(value: object) -> str:
+    text = str(value).strip().upper()
+    if text not in _SHARDING:
+        raise ValueError(f"must be one of {', '.join(_SHARDING)} (or 1-5), got {value!r}")
+    return text
+
+
+def _never(value: object) -> bool:
+    if cfg.boolean(value):
+        raise ValueError("true is not supported by accel-run (FSDP2 without it)")
+    return False
+
+
+_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_SHARDING += tuple(str(i) for i in range(1, 6))
+
+# deepspeed_config key -> (parser, the variable HF Accelerate's launcher sets).
+DEEPSPEED_KEYS: dict[str, tuple[Callable[[object], Any], str]] = {
+    name: (_ds_option(name), variable) for name, variable in dsc.OPTION_ENV.items()
+}
+DEEPSPEED_KEYS.update(
+    {
+        "deepspeed_config_file": (cfg.text, dsc.CONFIG_FILE_ENV),
+        "zero3_init_flag": (cfg.boolean, "ACCELERATE_DEEPSPEED_ZERO3_INIT"),
+    }
+)
+# fsdp_config key -> (parser, variable).
+FSDP_KEYS: dict[str, tuple[Callable[[object], Any], str]] = {
+    "fsdp_version": (cfg.choice("1", "2"), "FSDP_VERSION"),
+    "fsdp_sharding_strategy": (_fsdp_sharding, "FSDP_SHARDING_STRATEGY"),
+    "fsdp_reshard_after_forward": (cfg.boolean, "FSDP_RESHARD_AFTER_FORWARD"),
+    "fsdp_auto_wrap_policy": (
+        cfg.choice("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
+        "FSDP_AUTO_WRAP_POLICY",
+    ),
+    "fsdp_transformer_layer_cls_to_wrap": (cfg.text, "FSDP_TRANSFORMER_CLS_TO_WRAP"),
+    "fsdp_min_num_params": (cfg.non_negative_int, "FSDP_MIN_NUM_PARAMS"),
+    "fsdp_offload_params": (cfg.boolean, "FSDP_OFFLOAD_PARAMS"),
+    "fsdp_state_dict_type": (
+        cfg.choice("FULL_STATE_DICT", "SHARDED_STATE_DICT"),
+        "FSDP_STATE_DICT_TYPE",
+    ),
+    # FSDP1 tuning knobs FSDP2 does by itself: accepted so existing configs keep working.
+    "fsdp_backward_prefetch": (cfg.text, "FSDP_BACKWARD_PREFETCH"),
+    "fsdp_backward_prefetch_policy": (cfg.text, "FSDP_BACKWARD_PREFETCH"),
+    "fsdp_forward_prefetch": (cfg.boolean, "FSDP_FORWARD_PREFETCH"),
+    "fsdp_use_orig_params": (cfg.boolean, "FSDP_USE_ORIG_PARAMS"),
+    "fsdp_sync_module_states": (cfg.boolean, "FSDP_SYNC_MODULE_STATES"),
+    "fsdp_cpu_ram_efficient_loading": (cfg.boolean, "FSDP_CPU_RAM_EFFICIENT_LOADING"),
+    "fsdp_activation_checkpointing": (_never, "FSDP_ACTIVATION_CHECKPOINTING"),
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A parsed ``deepspeed_config`` or ``fsdp_config`` section: what the workers get."""
+
+    kind: str  # DEEPSPEED or FSDP
+    values: Mapping[str, Any] = field(default_factory=dict)
+    use_cpu: bool = False
+
+    def env(self) -> dict[str, str]:
+        keys = DEEPSPEED_KEYS if self.kind == "DEEPSPEED" else FSDP_KEYS
+        env = {
+            "ACCELERATE_USE_DEEPSPEED"
+            if self.kind == "DEEPSPEED"
+            else "ACCELERATE_USE_FSDP": "true"
+        }
+        for key, value in self.values.items():
+            env[keys[key][1]] = str(value).lower() if isinstance(value, bool) else str(value)
+        if self.kind == "DEEPSPEED" and self.use_cpu:
+            env["DS_ACCELERATOR"] = "cpu"  # else deepspeed looks for an accelerator it may find
+        return env
+
+
+def _parse(
+    kind: str, keys: Mapping[str, tuple[Callable, str]], values: Mapping, flags: bool = False
+) -> Backend:
+    """Validate a section (or the flags for one); errors name the key (or the flag)."""
+    if not isinstance(values, Mapping):
+        raise ValueError("must be a mapping of key: value")
+    parsed = {}
+    for key, value in values.items():
+        where = f"--{key.replace('_', '-')}" if flags else key
+        if key not in keys:
+            raise ValueError(f"{key}: unknown key (accel-run reads: {', '.join(sorted(keys))})")
+        if value is None:
+            continue
+        try:
+            parsed[key] = keys[key][0](value)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    return Backend(kind, parsed)
+
+
+SECTION_OF = {"DEEPSPEED": "deepspeed_config", "FSDP": "fsdp_config"}
+cfg.SECTIONS["deepspeed_config"] = lambda values: _parse("DEEPSPEED", DEEPSPEED_KEYS, values)
+cfg.SECTIONS["fsdp_config"] = lambda values: _parse("FSDP", FSDP_KEYS, values)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """``--use-deepspeed``, ``--use-fsdp`` and one flag per section key (accelerate's names)."""
+    group = parser.add_argument_group("sharded backends (keys of deepspeed_config/fsdp_config)")
+    for kind in SECTION_OF:
+        name = f"use_{kind.lower()}"
+        group.add_argument(
+            f"--{name.replace('_', '-')}", f"--{name}", dest=name, action="store_true",
+            help=f"train with {'DeepSpeed' if kind == 'DEEPSPEED' else 'FSDP2'}",
+        )  # fmt: skip
+    for key in [*DEEPSPEED_KEYS, *FSDP_KEYS]:
+        if key == "gradient_accumulation_steps":
+            continue  # accel-run's own flag, shared with the other backends
+        group.add_argument(f"--{key.replace('_', '-')}", f"--{key}", dest=key, metavar="VALUE")
+
+
+def apply(settings: cfg.Settings, args: argparse.Namespace) -> cfg.Settings:
+    """Merge the backend flags into ``settings`` and check the combination."""
+    chosen = [kind for kind in SECTION_OF if getattr(args, f"use_{kind.lower()}", False)]
+    if len(chosen) > 1:
+        raise cfg.ConfigError("--use-deepspeed and --use-fsdp exclude each other; pick one")
+    kind = chosen[0] if chosen else settings.distributed_type
+    active = SECTION_OF.get(kind or "")
+    flags = {}
+    for section, keys in (("deepspeed_config", DEEPSPEED_KEYS), ("fsdp_config", FSDP_KEYS)):
+        given = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+        if given and section != active:
+            flag = f"--{next(iter(given)).replace('_', '-')}"
+            backend = "--use-deepspeed" if section == "deepspeed_config" else "--use-fsdp"
+            raise cfg.ConfigError(f"{flag} needs {backend} (or its distributed_type)")
+        if given:
+            try:
+                flags = dict(_parse(kind, keys, given, flags=True).values)
+            except ValueError as err:
+                raise cfg.ConfigError(str(err)) from None
+    if active is None:
+        return replace(settings, sections={})
+    base = settings.sections.get(active) or Backend(kind)
+    backend = _checked(settings, Backend(kind, {**base.values, **flags}, settings.use_cpu))
+    return replace(settings, distributed_type=kind, sections={active: backend})
+
+
+def _checked(settings: cfg.Settings, backend: Backend) -> Backend:
+    """Refuse what would fail in every worker: conflicting values, files that do not exist."""
+    values = backend.values
+    steps = values.get("gradient_accumulation_steps")
+    flag_steps = settings.gradient_accumulation_steps
+    if steps is not None and flag_steps is not None and steps != flag_steps:
+        raise cfg.ConfigError(
+            f"gradient_accumulation_steps is {steps} in deepspeed_config but "
+            f"--gradient-accumulation-steps is {flag_steps}"
+        )
+    path = values.get("deepspeed_config_file")
+    if backend.kind != "DEEPSPEED" or path is None:
+        return backend
+    options = {k: v for k, v in values.items() if k in dsc.OPTION_KEYS}
+    if flag_steps is not None:
+        options["gradient_accumulation_steps"] = flag_steps
+    try:
+        dsc.merge_options(dsc.read_file(path), options, path)
+    except ValueError as err:
+        raise cfg.ConfigError(str(err)) from None
+    # Workers may start elsewhere (cwd of a module run): give them the absolute path.
+    return replace(backend, values={**values, "deepspeed_config_file": os.path.abspath(path)})
