@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,7 +11,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope
 from accelify.transform.edits import Edits
-from accelify.transform.setup import ACCELERATOR, Setup
+from accelify.transform.setup import ACCELERATOR, Setup, reachable
 
 Target = Literal["accelify", "accelerate"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
@@ -89,6 +90,15 @@ class Plan:
         if borrow and ACCELERATOR not in scope.params:
             self.borrowers.add(scope)
         return cst.Name(ACCELERATOR)
+
+    @functools.cached_property
+    def training(self) -> set[Scope]:
+        """The setup scope and the functions and methods its training runs through."""
+        return reachable(self.analysis, self.setup.scope) if self.setup is not None else set()
+
+    def training_calls(self) -> Iterator[tuple[cst.Call, Scope]]:
+        """Every call made in training code, with its scope."""
+        return ((call, scope) for call, scope in self.analysis.calls if scope in self.training)
 
     def statement(self, code: str) -> cst.BaseStatement:
         """Parse one statement with the module's own newline and indentation."""

@@ -13,18 +13,16 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Binding, key_of
 from accelify.transform.patterns import Role, is_device
 from accelify.transform.plan import Plan
-from accelify.transform.setup import reachable
 
 
 def device(plan: Plan) -> None:
     if plan.setup is None:
         return
     a = plan.analysis
-    training = reachable(a, plan.setup.scope)
     choices: dict[tuple[int, str], list[Binding]] = {}
     for b in a.bindings:
         if (
-            b.scope in training
+            b.scope in plan.training
             and isinstance(b.node, cst.Assign)
             and a.role(b.scope, b.key) is Role.DEVICE
         ):

@@ -14,21 +14,17 @@ import libcst as cst
 from accelify.transform.analysis import Loop, mentions
 from accelify.transform.patterns import Role, callee_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.setup import reachable
 from accelify.transform.steps.moves import batch_names
 
 _GATHERS = frozenset({"gather", "gather_for_metrics", "reduce"})
 
 
 def metrics(plan: Plan) -> None:
-    if plan.setup is None:
-        return
     a = plan.analysis
-    training = reachable(a, plan.setup.scope)
     for loop in a.loops:
         if (
             loop.trains
-            or loop.scope not in training
+            or loop.scope not in plan.training
             or loop.iterable is None
             or a.role(loop.scope, loop.iterable) is not Role.DATALOADER
         ):

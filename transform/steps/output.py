@@ -10,20 +10,12 @@ import libcst as cst
 
 from accelify.transform.patterns import callee_name, keyword_arg
 from accelify.transform.plan import Plan
-from accelify.transform.setup import reachable
 
 _BARS = frozenset({"tqdm", "trange"})
 
 
 def output(plan: Plan) -> None:
-    setup = plan.setup
-    if setup is None:
-        return
-    a = plan.analysis
-    training = reachable(a, setup.scope)
-    for call, scope in a.calls:
-        if scope not in training:
-            continue
+    for call, _scope in plan.training_calls():
         name = callee_name(call)
         if isinstance(call.func, cst.Name) and name == "print":
             accelerator = plan.accelerator(call)

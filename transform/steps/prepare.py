@@ -15,7 +15,6 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
 from accelify.transform.patterns import Role, dotted_name
 from accelify.transform.plan import Plan
-from accelify.transform.setup import reachable
 
 # Wrap the call like black would past this width (the guide's own example is wrapped).
 LINE_LENGTH = 88
@@ -50,12 +49,10 @@ def _epoch_schedulers(plan: Plan) -> None:
     """Schedulers stepped outside the batch loop step once per call, not once per process."""
     a = plan.analysis
     per_batch: dict[bool, list[cst.Call]] = {True: [], False: []}
-    training = reachable(a, plan.setup.scope)  # type: ignore[union-attr]
-    for call, scope in a.calls:
+    for call, scope in plan.training_calls():
         receiver = key_of(call.func.value) if isinstance(call.func, cst.Attribute) else None
         if (
-            scope in training
-            and receiver is not None
+            receiver is not None
             and call.func.attr.value == "step"  # type: ignore[union-attr]
             and a.role(scope, receiver) is Role.SCHEDULER
         ):

@@ -13,17 +13,12 @@ import libcst as cst
 from accelify.transform.analysis import key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.setup import reachable
 
 
 def save(plan: Plan) -> None:
-    setup = plan.setup
-    if setup is None:
-        return
     a = plan.analysis
-    training = reachable(a, setup.scope)
-    for call, scope in a.calls:
-        if dotted_name(call.func) != "torch.save" or len(call.args) < 2 or scope not in training:
+    for call, scope in plan.training_calls():
+        if dotted_name(call.func) != "torch.save" or len(call.args) < 2:
             continue
         models = _model_uses(plan, call.args[0].value, scope)
         statement = a.statement_of(call)
