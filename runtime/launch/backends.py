@@ -118,6 +118,8 @@ def _parse(
 
 
 SECTION_OF = {"DEEPSPEED": "deepspeed_config", "FSDP": "fsdp_config"}
+# Section keys whose flag is accel-run's own, for every backend (checked against the section).
+SHARED_FLAGS = frozenset({"gradient_accumulation_steps"})
 cfg.SECTIONS["deepspeed_config"] = lambda values: _parse("DEEPSPEED", DEEPSPEED_KEYS, values)
 cfg.SECTIONS["fsdp_config"] = lambda values: _parse("FSDP", FSDP_KEYS, values)
 
@@ -132,8 +134,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             help=f"train with {'DeepSpeed' if kind == 'DEEPSPEED' else 'FSDP2'}",
         )  # fmt: skip
     for key in [*DEEPSPEED_KEYS, *FSDP_KEYS]:
-        if key == "gradient_accumulation_steps":
-            continue  # accel-run's own flag, shared with the other backends
+        if key in SHARED_FLAGS:
+            continue
         group.add_argument(f"--{key.replace('_', '-')}", f"--{key}", dest=key, metavar="VALUE")
 
 
@@ -146,7 +148,8 @@ def apply(settings: cfg.Settings, args: argparse.Namespace) -> cfg.Settings:
     active = SECTION_OF.get(kind or "")
     flags = {}
     for section, keys in (("deepspeed_config", DEEPSPEED_KEYS), ("fsdp_config", FSDP_KEYS)):
-        given = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+        given = {k: getattr(args, k) for k in keys if k not in SHARED_FLAGS}
+        given = {k: v for k, v in given.items() if v is not None}
         if given and section != active:
             flag = f"--{next(iter(given)).replace('_', '-')}"
             backend = "--use-deepspeed" if section == "deepspeed_config" else "--use-fsdp"
