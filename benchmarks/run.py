@@ -1,0 +1,94 @@
+"""accelify's benchmarks: converter, linter and runtime against their anchors, in one run.
+
+    python benchmarks/run.py [--quick] [--only SECTION,...] [--out FOLDER]
+
+Writes ``latest.json`` and ``latest.md`` (default folder: benchmarks/results/) and prints the
+table. Numbers are claimed only as ratios against anchors measured in the same run on the same
+machine. Installs nothing: an anchor that is not installed is reported as such (the ``bench`` extra
+installs them all). Exit status 0, or 1 when a section could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import runtime_bench
+import static
+from report import Section, machine, write
+from timing import CommandFailed
+
+
+@dataclass(frozen=True)
+class Profile:
+    files: int  # corpus size
+    repeats: int  # throughput and distributed runs
+    startup_repeats: int
+    loop_repeats: int  # fresh processes per loop
+    steps: int  # timed steps per loop process
+
+
+PROFILES = {
+    "full": Profile(files=200, repeats=3, startup_repeats=10, loop_repeats=3, steps=2000),
+    "quick": Profile(files=12, repeats=3, startup_repeats=5, loop_repeats=1, steps=500),
+    # Only proves that every section runs; the numbers mean nothing (tests/test_benchmarks.py).
+    "smoke": Profile(files=4, repeats=1, startup_repeats=1, loop_repeats=1, steps=20),
+}
+
+SECTIONS: dict[str, Callable[[Profile, Path], Section]] = {
+    "throughput": lambda p, work: static.throughput(work, p.files, p.repeats),
+    "startup": lambda p, work: static.startup(work, p.startup_repeats),
+    "imports": lambda p, _: runtime_bench.imports(p.startup_repeats),
+    "per_step": lambda p, _: runtime_bench.per_step(p.loop_repeats, p.steps),
+    "distributed": lambda p, _: runtime_bench.distributed(p.loop_repeats, p.steps),
+    "gpu": lambda p, _: runtime_bench.gpu(p.loop_repeats, p.steps),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/run.py",
+        description=__doc__.split("\n\n")[0],
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer files and repeats (~2 min)")
+    mode.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    chosen = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
+    name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    profile = PROFILES[name]
+    started = time.perf_counter()
+    sections = []
+    with tempfile.TemporaryDirectory(prefix="accelify-bench-") as tmp:
+        for key in chosen:
+            print(f"running {key} ...", file=sys.stderr, flush=True)
+            try:
+                sections.append(SECTIONS[key](profile, Path(tmp)))
+            except (CommandFailed, RuntimeError) as err:
+                sections.append(Section(key, key, [], status=f"failed: {err}"))
+    meta = {**machine(), "mode": name, "seconds": time.perf_counter() - started}
+    print(write(args.out, sections, meta))
+    return 1 if any(s.status.startswith("failed") for s in sections) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""benchmarks/: the corpus is what the numbers claim it is, and every section runs end to end.
+
+No timing is asserted anywhere: the numbers belong to the machine, not to the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+@pytest.fixture
+def corpus(monkeypatch: pytest.MonkeyPatch):
+    """benchmarks/corpus.py, loaded by path (benchmarks/ is scripts, not an installed package)."""
+    spec = importlib.util.spec_from_file_location("bench_corpus", BENCH / "corpus.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.py"))}
+
+
+def test_corpus_is_deterministic_parseable_and_mixes_in_files_without_torch(
+    corpus, tmp_path: Path
+) -> None:
+    made = corpus.build(tmp_path / "a", 30)
+    corpus.build(tmp_path / "b", 30)
+    files = _tree(tmp_path / "a")
+    assert files == _tree(tmp_path / "b")  # same arguments, same bytes: runs are comparable
+    assert len(files) == made.files == 30
+    assert made.lines == sum(text.count(b"\n") for text in files.values())
+    plain = [name for name, text in files.items() if b"torch" not in text]
+    assert len(plain) == made.plain_files > 0
+    for name, text in files.items():
+        ast.parse(text, name)  # a syntax error would time the tools' error paths instead
+        assert text.count(b"\n") >= corpus.MIN_LINES
+    torch_files = [text for name, text in files.items() if name not in plain]
+    assert all(b"optimizer" in text or b"optim" in text for text in torch_files)
+    assert max(text.count(b"\n") for text in files.values()) > 500  # not only toy files
+
+
+def _bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(BENCH / "run.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_unknown_section_is_a_usage_error(tmp_path: Path) -> None:
+    result = _bench("--only", "throughput,nope", "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown section nope" in result.stderr
+    assert not (tmp_path / "latest.json").exists()
+
+
+@pytest.mark.slow
+def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
+    result = _bench("--smoke", "--out", str(tmp_path / "results"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    record = json.loads((tmp_path / "results" / "latest.json").read_text())
+    sections = {s["key"]: s for s in record["sections"]}
+    assert list(sections) == ["throughput", "startup", "imports", "per_step", "distributed", "gpu"]
+    for key, section in sections.items():
+        if key == "gpu" and section["status"].startswith("skipped"):
+            continue
+        assert section["status"] == "ok", section["status"]
+        assert section["rows"] and all(len(r) == len(section["columns"]) for r in section["rows"])
+    # Every target of our own tools got a number; only anchors may be missing (not installed).
+    for target in (t for s in record["sections"] for t in s["targets"]):
+        if "Fixit" not in target["name"]:
+            assert isinstance(target["value"], float), target
+            assert target["met"] in (True, False)
+    # Section 5 really ran distributed: its loops refuse to report otherwise, so all rows exist.
+    launchers = {row[1] for row in sections["distributed"]["rows"]}
+    assert {"torchrun", "accel-run"} <= launchers
+    table = (tmp_path / "results" / "latest.md").read_text()
+    assert table in result.stdout
+    assert "| accel-lint | 1 |" in table
