@@ -1,37 +1,32 @@
-"""One module per distribution backend; adding one is adding a class and a line below."""
+"""One module per distribution backend; adding one is adding a class and a line below.
+
+Backends are imported when selected: FSDP's and DeepSpeed's modules pull in half a second of
+torch.distributed (and deepspeed itself), which a DDP run never needs.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from ..state import DistributedType, ProcessState
 from .base import Strategy, Training
-from .ddp import DDP
-from .deepspeed import DeepSpeed
-from .fsdp import FSDP
-from .single import SingleDevice
 
-STRATEGIES: dict[DistributedType, type[Strategy]] = {
-    DistributedType.NO: SingleDevice,
-    DistributedType.MULTI_CPU: DDP,
-    DistributedType.MULTI_GPU: DDP,
-    DistributedType.DEEPSPEED: DeepSpeed,
-    DistributedType.FSDP: FSDP,
+# distributed type -> (module in this package, class)
+STRATEGIES: dict[DistributedType, tuple[str, str]] = {
+    DistributedType.NO: ("single", "SingleDevice"),
+    DistributedType.MULTI_CPU: ("ddp", "DDP"),
+    DistributedType.MULTI_GPU: ("ddp", "DDP"),
+    DistributedType.DEEPSPEED: ("deepspeed", "DeepSpeed"),
+    DistributedType.FSDP: ("fsdp", "FSDP"),
 }
 
 
 def select(state: ProcessState, **kwargs: Any) -> Strategy:
     """The strategy for this process's distributed type."""
-    return STRATEGIES[state.distributed_type](state, **kwargs)
+    module, name = STRATEGIES[state.distributed_type]
+    strategy = getattr(importlib.import_module(f".{module}", __name__), name)
+    return strategy(state, **kwargs)
 
 
-__all__ = [
-    "DDP",
-    "FSDP",
-    "STRATEGIES",
-    "DeepSpeed",
-    "SingleDevice",
-    "Strategy",
-    "Training",
-    "select",
-]
+__all__ = ["STRATEGIES", "Strategy", "Training", "select"]

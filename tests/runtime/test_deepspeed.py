@@ -7,6 +7,9 @@ DDP's within 1e-6 (fp32; only the order of the gradient reduction differs).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,15 @@ def test_cuda_paths_train(tmp_path: Path, flags: tuple[str, ...]) -> None:
     run = run_sharded(tmp_path, "--use-deepspeed", *flags, cpu=False)
     assert run["type"] == "DEEPSPEED"
     assert sum(run["losses"][-8:]) < sum(run["losses"][:8])
+
+
+def test_deepspeed_and_fsdp_load_only_when_a_launch_selects_them() -> None:
+    code = (
+        "import sys; from accelify.runtime import Accelerator; Accelerator(cpu=True); "
+        "print([m for m in ('deepspeed', 'torch.distributed.fsdp') if m in sys.modules])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
