@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from .. import deepspeed_config as dsc
 from ..optim import PreparedOptimizer
+from ..precision import AutocastForward
 from ..state import ProcessState
 from .base import Strategy, Training
 
@@ -68,6 +69,7 @@ class DeepSpeed(Strategy):
             dist_init_required=False,
         )
         self.engine = engine
+        self._autocast(engine.module)
         prepared = DeepSpeedOptimizer(optimizer, training.shared, training.precision)
         swap = {id(models[0]): engine, **({id(optimizers[0]): prepared} if optimizers else {})}
         return [swap.get(id(o), o) for o in objects]
@@ -95,6 +97,17 @@ class DeepSpeed(Strategy):
             num_processes=self.state.num_processes,
             mixed_precision=training.mixed_precision,
         )
+
+    def _autocast(self, module: torch.nn.Module) -> None:
+        """Run the forward under autocast when the engine holds 16-bit weights.
+
+        The engine casts the weights but not the inputs (float batches would clash with them);
+        outputs come back as fp32, as with the Accelerator's own mixed precision.
+        """
+        enabled = [k for k in ("fp16", "bf16") if dsc.get(self.config, f"{k}.enabled") is True]
+        if enabled:
+            options = {"dtype": torch.float16 if enabled[0] == "fp16" else torch.bfloat16}
+            module.forward = AutocastForward(module.forward, self.state.device.type, options)
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.module if model is self.engine else model

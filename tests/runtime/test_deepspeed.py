@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on 2 CPU processes through accel-run, against plain DDP.
 
 One module-wide set of runs serves every assertion: each stage trains straight through (saving
-after epoch 0), and again resuming from that checkpoint in new processes. Final weights must equal
-DDP's within 1e-6 (fp32; only the order of the gradient reduction differs).
+after epoch 0), and again resuming from that checkpoint in new processes; ZeRO-3 also in bf16.
+Final fp32 weights must equal DDP's within 1e-6 (only the order of the gradient reduction
+differs).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from accelify.runtime import deepspeed_config as dsc
+from accelify.runtime.checkpoint import load_weights
 
 from .conftest import fresh_model_from, max_difference, resumed_run, run_sharded
 
@@ -34,6 +36,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         found[f"{stage}-resumed"] = resumed_run(
             straight, tmp_path_factory.mktemp(f"zero{stage}_resumed"), *flags
         )
+    bf16 = tmp_path_factory.mktemp("zero3_bf16")
+    flags = ("--use-deepspeed", "--zero-stage", "3", "--mixed-precision", "bf16")
+    found["3-bf16"] = {**run_sharded(bf16, *flags), "dir": bf16}
     return found
 
 
@@ -64,6 +69,15 @@ def test_save_model_gives_full_weights_for_a_fresh_model(runs: dict, stage: str)
     model = fresh_model_from(runs[stage]["dir"] / "model")
     saved = {name: value.tolist() for name, value in model.state_dict().items()}
     assert max_difference(saved, runs[stage]["params"]) == 0
+
+
+@pytest.mark.slow
+def test_bf16_from_the_launch_trains_and_saves_16_bit_weights(runs: dict) -> None:
+    run = runs["3-bf16"]
+    assert sum(run["losses"][-8:]) < 0.8 * sum(run["losses"][:8])
+    weights = load_weights(run["dir"] / "model")
+    assert {tensor.dtype for tensor in weights.values()} == {torch.bfloat16}
+    fresh_model_from(run["dir"] / "model")  # loads (strictly) into an fp32 model
 
 
 # --- the config: "auto" filling and conflicts (no processes) -----------------------------------
