@@ -9,6 +9,7 @@ host without ``cpu=True``; here that case initialises gloo instead.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -100,7 +101,22 @@ def reset() -> None:
     """Forget the state and tear down the process group it started (``end_training``)."""
     known = _resolved.pop("state", None)
     if known is not None and known.use_distributed and dist.is_initialized():
+        _all_out_of_collectives(known.num_processes)
         dist.destroy_process_group()
+
+
+def _all_out_of_collectives(world_size: int) -> None:
+    """Wait until every rank has returned from its last collective.
+
+    A barrier returns on one rank while gloo may still be finishing it on another; destroying
+    the group then kills that rank ("terminate called without an active exception", about one
+    run in ten). The rendezvous store is not part of the group, so it can tell when all are out.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    arrived = store.add("accelify/end_training", 1)
+    round_end = -(-arrived // world_size) * world_size  # end_training may be called again later
+    while store.add("accelify/end_training", 0) < round_end:
+        time.sleep(0.005)
 
 
 def _sharded_backend() -> DistributedType | None:
