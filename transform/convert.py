@@ -80,7 +80,7 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
     _refuse_unreachable_training(plan)
     for step in STEPS:
         step(plan)
-    code = apply(module, plan.edits).code
+    code = apply(module, plan.edits, analysis.parents).code
     if code != source:
         try:
             cst.parse_module(code)

@@ -8,7 +8,7 @@ inner edits already applied: a wrapped loop body still gets its ``accelerator.ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -86,17 +86,47 @@ def _compose(first: Rebuild, second: Rebuild) -> Rebuild:
     return lambda node: second(first(node))
 
 
-def apply(module: cst.Module, edits: Edits) -> cst.Module:
-    """Apply ``edits`` to ``module`` (the tree the edits were planned on)."""
+def apply(
+    module: cst.Module, edits: Edits, parents: Mapping[int, cst.CSTNode] | None = None
+) -> cst.Module:
+    """Apply ``edits`` to ``module`` (the tree the edits were planned on).
+
+    With the tree's ``parents`` (node id -> parent), subtrees that hold no edit are not walked:
+    a Python traversal of a libcst tree costs as much as the parse, and most of it is untouched.
+    """
     if not edits:
         return module
-    return module.visit(_Applier(edits))
+    return module.visit(_Applier(edits, _dirty(edits, parents) if parents is not None else None))
+
+
+def _dirty(edits: Edits, parents: Mapping[int, cst.CSTNode]) -> set[int]:
+    """Ids of the edited nodes and of everything above them."""
+    edited = {
+        *edits.replacements,
+        *edits.removals,
+        *edits.before,
+        *edits.after,
+        *edits.unwraps,
+        *(id(w.first) for w in edits.wraps),
+    }
+    dirty: set[int] = set()
+    for start in edited:
+        node_id: int | None = start
+        while node_id is not None and node_id not in dirty:
+            dirty.add(node_id)
+            parent = parents.get(node_id)
+            node_id = id(parent) if parent is not None else None
+    return dirty
 
 
 class _Applier(cst.CSTTransformer):
-    def __init__(self, edits: Edits) -> None:
+    def __init__(self, edits: Edits, dirty: set[int] | None) -> None:
         super().__init__()
         self.edits = edits
+        self.dirty = dirty
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self.dirty is None or id(node) in self.dirty
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
         updated = super().on_leave(original_node, updated_node)

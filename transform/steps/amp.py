@@ -42,7 +42,7 @@ def amp(plan: Plan) -> None:
         ):
             precision = _autocast_precision(call) or precision
             _rewrite_autocast(plan, call)
-    other_uses = _other_scaler_uses(plan)
+    other_uses = _other_scaler_uses(plan) if scalers else []
     for b in scalers:
         if isinstance(b.value, cst.Call) and (flag := keyword_arg(b.value, "enabled")) is not None:
             enabled = flag.value
