@@ -33,7 +33,7 @@ class TinyGPT(nn.Module):
         self.embed = nn.Embedding(VOCAB, width)
         self.pos = nn.Parameter(torch.zeros(SEQ, width))
         layer = nn.TransformerEncoderLayer(width, 4, 4 * width, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(width, VOCAB)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQ))
 
@@ -87,10 +87,11 @@ def _raw(args: argparse.Namespace, model: nn.Module, data: TensorDataset):
         x, y = (t.to(device, non_blocking=True) for t in batch)
         boundary = (i + 1) % args.accum == 0
         no_sync = distributed and not boundary
+        # What a hand-written loop does: no autocast context and no loss scaling unless asked.
         with model.no_sync() if no_sync else contextlib.nullcontext():  # type: ignore[operator]
-            with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            with torch.autocast(device.type, torch.bfloat16) if bf16 else contextlib.nullcontext():
                 loss = _loss(model, x, y)
-            (loss / args.accum).backward()
+            (loss / args.accum if args.accum > 1 else loss).backward()
         if boundary:
             optimizer.step()
             optimizer.zero_grad()
