@@ -6,8 +6,6 @@ place that knows the exit codes CI gates on.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from rich.console import Console
 
 EXIT_OK = 0
@@ -21,6 +19,9 @@ def console(stderr: bool = False) -> Console:
 
 
 def package_version() -> str:
+    """Only ``--version`` asks, so the metadata machinery (~25 ms) is not loaded at start-up."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("accelify")
     except PackageNotFoundError:  # running from a source tree that was never installed
