@@ -56,6 +56,11 @@ class _Dispatcher(cst.CSTVisitor):
                     self._visit[attr[6:]].append(getattr(visitor, attr))
                 elif attr.startswith("leave_"):
                     self._leave[attr[6:]].insert(0, getattr(visitor, attr))
+        # libcst reports every field of every node; only a few node types have field handlers
+        # (``visit_If_body``), so the rest return after one set look-up.
+        self._with_fields = {
+            key.split("_", 1)[0] for key in (*self._visit, *self._leave) if "_" in key
+        }
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         for handler in self._visit.get(type(node).__name__, ()):
@@ -67,12 +72,16 @@ class _Dispatcher(cst.CSTVisitor):
             handler(original_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        for handler in self._visit.get(f"{type(node).__name__}_{attribute}", ()):
-            handler(node)
+        name = type(node).__name__
+        if name in self._with_fields:
+            for handler in self._visit.get(f"{name}_{attribute}", ()):
+                handler(node)
 
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        for handler in self._leave.get(f"{type(original_node).__name__}_{attribute}", ()):
-            handler(original_node)
+        name = type(original_node).__name__
+        if name in self._with_fields:
+            for handler in self._leave.get(f"{name}_{attribute}", ()):
+                handler(original_node)
 
 
 def is_relevant(text: str) -> bool:
