@@ -211,6 +211,26 @@ def mentions(node: cst.CSTNode, keys: set[str]) -> bool:
     return finder.found
 
 
+def names_in(node: cst.CSTNode) -> list[cst.Name]:
+    """The ``Name`` nodes under ``node``, not entering functions defined inside it."""
+    finder = _NameCollector(node)
+    node.visit(finder)
+    return finder.found
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self, root: cst.CSTNode) -> None:
+        super().__init__()
+        self.root = root
+        self.found: list[cst.Name] = []
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.root  # nested functions have names of their own
+
+
 class _KeyFinder(cst.CSTVisitor):
     def __init__(self, keys: set[str]) -> None:
         super().__init__()

@@ -59,9 +59,6 @@ ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
     **dict.fromkeys(MODEL_FACTORIES, Role.MODEL),
 }
 
-# Entry points that start worker processes; CUDA must not be initialised before them.
-PROCESS_LAUNCHERS = frozenset({"notebook_launcher", "spawn", "start_processes"})
-
 
 _DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Binding, mentions
+from accelify.transform.analysis import Binding, mentions, names_in
 from accelify.transform.patterns import Role
 from accelify.transform.plan import Plan
 
@@ -48,7 +48,7 @@ def _create(plan: Plan) -> None:
         for i, s in enumerate(body)
         if any(b.statement is s for b in _anchoring(plan)) or _is_prepare_site(plan, s)
     ]
-    needed = {name for v in kwargs.values() for name in _names(v)}
+    needed = {name.value for v in kwargs.values() for name in names_in(v)}
     after = [
         i
         for i, s in enumerate(body)
@@ -99,17 +99,6 @@ def _is_prepare_site(plan: Plan, statement: cst.BaseStatement) -> bool:
     setup = plan.setup
     free = {b.key for b in setup.prepared if b.node is setup.scope.node}  # type: ignore[union-attr]
     return bool(free) and mentions(statement, free)
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-    node.visit(_Names())
-    return found
 
 
 def _import(plan: Plan) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Loop, key_of
+from accelify.transform.analysis import Loop, key_of, names_in
 from accelify.transform.patterns import Role, method_call
 from accelify.transform.plan import Plan
 
@@ -131,7 +131,7 @@ def _flag_later_reads(plan: Plan, loop: Loop, key: str, after: int, steps: str) 
     """Code reading the loss after its division now sees it undivided: say where."""
     a = plan.analysis
     backward_args = {id(c.func.value) for c, _s, where in a.backward_calls if where is loop}  # type: ignore[union-attr]
-    for node in _names(loop.scope.node, key):
+    for node in (n for n in names_in(loop.scope.node) if n.value == key):
         parent = a.parent(node)
         if (
             a.line(node) > after
@@ -139,21 +139,6 @@ def _flag_later_reads(plan: Plan, loop: Loop, key: str, after: int, steps: str) 
             and not isinstance(parent, cst.AssignTarget)
         ):
             plan.needs_human(node, f"{key} is no longer divided by {steps} here; check this use")
-
-
-def _names(node: cst.CSTNode, key: str) -> list[cst.Name]:
-    found: list[cst.Name] = []
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            if name.value == key:
-                found.append(name)
-
-        def visit_FunctionDef(self, function: cst.FunctionDef) -> bool:
-            return function is node  # other functions have their own ``loss``
-
-    node.visit(_Finder())
-    return found
 
 
 def _divides_by(plan: Plan, node: cst.CSTNode, code: str) -> bool:
