@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from accelify.transform.lines import start_lines
 from accelify.transform.patterns import (
     CLOSURE_OPTIMIZERS,
     Role,
@@ -89,7 +89,6 @@ class Loop:
 @dataclass
 class Analysis:
     module: cst.Module
-    positions: dict[cst.CSTNode, CodeRange] = field(default_factory=dict)
     scopes: list[Scope] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
@@ -102,10 +101,14 @@ class Analysis:
     model_classes: set[str] = field(default_factory=set)
     functions: dict[str, Scope] = field(default_factory=dict)  # module-level defs and methods
     calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)
+    _lines: dict[int, int] | None = field(default=None, repr=False)
 
     def line(self, node: cst.CSTNode) -> int:
-        position = self.positions.get(node)
-        return position.start.line if position else 0
+        """The line ``node`` starts on, 0 for a node the steps made; computed at the first ask,
+        since files with nothing to report never need any."""
+        if self._lines is None:
+            self._lines = start_lines(self.module)
+        return self._lines.get(id(node), 0)
 
     def exclude(self, scopes: set[Scope]) -> None:
         """Forget what happens in ``scopes``, so no step touches code left for a human."""
@@ -247,8 +250,7 @@ class _KeyFinder(cst.CSTVisitor):
 
 
 def analyse(module: cst.Module) -> Analysis:
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    analysis = Analysis(module, dict(wrapper.resolve(PositionProvider)))
+    analysis = Analysis(module)
     module.visit(_Collector(analysis))
     _infer_roles(analysis)
     return analysis
