@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .checkpoint import load_checkpoint_in_model
     from .config import ProjectConfiguration
     from .data import skip_first_batches
+    from .deepspeed_placeholders import DummyOptim, DummyScheduler
     from .handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
     from .launch.notebook import notebook_launcher
     from .rng import set_seed
@@ -24,6 +25,8 @@ _HOMES = {
     "AutocastKwargs": "handlers",
     "DistributedDataParallelKwargs": "handlers",
     "DistributedType": "state",
+    "DummyOptim": "deepspeed_placeholders",
+    "DummyScheduler": "deepspeed_placeholders",
     "GradScalerKwargs": "handlers",
     "ProjectConfiguration": "config",
     "load_checkpoint_in_model": "checkpoint",
@@ -36,6 +39,8 @@ __all__ = [
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "DummyOptim",
+    "DummyScheduler",
     "GradScalerKwargs",
     "ProjectConfiguration",
     "load_checkpoint_in_model",

@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from . import checkpoint, config, data, handlers, ops, precision, state, strategies
+from .deepspeed_placeholders import DummyOptim, DummyScheduler
 from .optim import PreparedOptimizer, PreparedScheduler
 from .state import DistributedType, ProcessState, StepState
 
@@ -159,10 +160,16 @@ class Accelerator:
             return self.prepare_model(obj, device_placement=placement)
         if isinstance(obj, data.PreparedDataLoader):
             return obj
-        if isinstance(obj, PreparedOptimizer):  # a backend's own (setup) or prepared before
-            if all(obj is not seen for seen in self._optimizers):
-                self._optimizers.append(obj)
+        if isinstance(obj, PreparedOptimizer | PreparedScheduler):  # a backend's (or re-prepared)
+            known = self._optimizers if isinstance(obj, PreparedOptimizer) else self._schedulers
+            if all(obj is not seen for seen in known):
+                known.append(obj)
             return obj
+        if isinstance(obj, DummyOptim | DummyScheduler):
+            raise ValueError(
+                f"{type(obj).__name__} stands for what a DeepSpeed config declares; launch with "
+                "accel-run --use-deepspeed --deepspeed-config-file FILE, or use a torch one"
+            )
         if isinstance(obj, torch.optim.Optimizer):
             if obj.state and placement:  # state loaded before prepare: follow the parameters
                 obj.load_state_dict(obj.state_dict())
@@ -200,13 +207,7 @@ class Accelerator:
         return prepared
 
     def _prepare_scheduler(self, scheduler: LRScheduler) -> PreparedScheduler:
-        owner = scheduler.optimizer
-        # The scheduler's optimizer may sit under a backend's (a ZeRO optimizer wraps the user's).
-        optimizers = [
-            o
-            for o in self._optimizers
-            if any(owner is x for x in (o, o.optimizer, getattr(o.optimizer, "optimizer", None)))
-        ]
+        optimizers = [o for o in self._optimizers if o.wraps(scheduler.optimizer)]
         prepared = PreparedScheduler(
             scheduler,
             optimizers,
@@ -222,7 +223,11 @@ class Accelerator:
 
     def _training(self) -> strategies.Training:
         return strategies.Training(
-            self.gradient_accumulation_steps, self.mixed_precision, self._shared, self.precision
+            self.gradient_accumulation_steps,
+            self.mixed_precision,
+            self._shared,
+            self.precision,
+            self.split_batches,
         )
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -10,10 +10,13 @@ chosen silently. Plain Python (no deepspeed, no torch) so accel-run checks the s
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from .deepspeed_placeholders import DEFAULT_LR, DEFAULT_WEIGHT_DECAY
 
 AUTO = "auto"
 # Launch option -> where it lives in a DeepSpeed config.
@@ -134,6 +137,26 @@ def merge_options(
     return merged
 
 
+class Fill(NamedTuple):
+    """A value the script gives for a config key; ``default`` is used only for an ``"auto"``."""
+
+    key: str
+    value: Any
+    source: str
+    default: Any = None
+
+
+def _settle(config: dict[str, Any], fill: Fill, conflicts: list[str]) -> None:
+    """Put ``fill`` where the config has nothing or ``"auto"``; note a contradiction."""
+    current = get(config, fill.key)
+    value = fill.default if fill.value is None else fill.value
+    if current == AUTO or (current is None and value is not None):
+        if value is not None:
+            _put(config, fill.key, value)
+    elif fill.value is not None and current != fill.value:
+        conflicts.append(f"{fill.key}={current!r} in the DeepSpeed config but {fill.source}")
+
+
 def fill_from_script(
     config: Mapping[str, Any],
     *,
@@ -141,47 +164,113 @@ def fill_from_script(
     accumulation_steps: int,
     num_processes: int,
     mixed_precision: str,
+    declared: Sequence[Fill] = (),
 ) -> dict[str, Any]:
-    """Fill what only the script knows; refuse explicit config values the script contradicts."""
+    """Fill what only the script knows; refuse explicit config values the script contradicts.
+
+    ``declared`` are the values the script's placeholders carry for a config-declared optimizer
+    and scheduler (:func:`placeholder_fills`); they fill only keys the config has.
+    """
     filled = json.loads(json.dumps(config))
-    conflicts = []
-
-    def settle(key: str, value: Any, source: str) -> None:
-        current = get(filled, key)
-        if current in (None, AUTO):
-            _put(filled, key, value)
-        elif value is not None and current != value:
-            conflicts.append(f"{key}={current!r} in the DeepSpeed config but {source}")
-
-    settle(
-        "gradient_accumulation_steps",
-        accumulation_steps,
-        f"gradient_accumulation_steps={accumulation_steps} in the Accelerator",
+    conflicts: list[str] = []
+    _settle(
+        filled,
+        Fill(
+            "gradient_accumulation_steps",
+            accumulation_steps,
+            f"gradient_accumulation_steps={accumulation_steps} in the Accelerator",
+        ),
+        conflicts,
     )
     if micro_batch_size is None and get(filled, "train_micro_batch_size_per_gpu") in (None, AUTO):
         raise ValueError(
             "DeepSpeed needs the micro-batch size: pass the training DataLoader to the same "
             "prepare() call as the model, or set train_micro_batch_size_per_gpu in the config"
         )
-    settle(
-        "train_micro_batch_size_per_gpu",
-        micro_batch_size,
-        f"the prepared DataLoader gives {micro_batch_size} samples per process",
+    _settle(
+        filled,
+        Fill(
+            "train_micro_batch_size_per_gpu",
+            micro_batch_size,
+            f"the prepared DataLoader gives {micro_batch_size} samples per process",
+        ),
+        conflicts,
     )
     micro = get(filled, "train_micro_batch_size_per_gpu")
     steps = get(filled, "gradient_accumulation_steps")
-    settle("train_batch_size", micro * steps * num_processes, "micro-batch x steps x processes")
+    total = Fill(
+        "train_batch_size", micro * steps * num_processes, "micro-batch x steps x processes"
+    )
+    _settle(filled, total, conflicts)
     _fill_precision(filled, mixed_precision, conflicts)
     if get(filled, "gradient_clipping") in (None, AUTO):
         # No clipping unless asked: DeepSpeed's own default (and HF's "auto") clip at 1.0, which
         # would train a script that never clips differently from DDP.
         filled["gradient_clipping"] = 0.0
+    for fill in declared:
+        if get(filled, fill.key) is not None:
+            _settle(filled, fill, conflicts)
+    _warm_up_to_the_optimizer_lr(filled)
     left = sorted(_auto_paths(filled))
     if conflicts:
         raise ValueError(f"conflicting DeepSpeed settings: {'; '.join(conflicts)}")
     if left:
         raise ValueError(f"DeepSpeed config values left 'auto' that accelify cannot fill: {left}")
     return filled
+
+
+def placeholder_fills(
+    optimizer: Any, scheduler: Any, *, num_processes: int, split_batches: bool
+) -> list[Fill]:
+    """What a script's ``DummyOptim``/``DummyScheduler`` say about the config's declared ones.
+
+    The schedule length the script computes counts every process's batches; each process
+    steps ``1/num_processes`` of them unless batches are split (HF Accelerate's rule).
+    """
+    fills = []
+    if hasattr(optimizer, "defaults"):  # the script's own torch optimizer
+        lr = optimizer.defaults.get("lr")
+        fills.append(Fill("scheduler.params.warmup_max_lr", None, "", default=lr))
+    elif optimizer is not None:
+        fills += [
+            Fill("optimizer.params.lr", optimizer.lr, f"DummyOptim(lr={optimizer.lr})", DEFAULT_LR),
+            Fill(
+                "optimizer.params.weight_decay",
+                optimizer.weight_decay,
+                f"DummyOptim(weight_decay={optimizer.weight_decay})",
+                DEFAULT_WEIGHT_DECAY,
+            ),
+        ]
+    if scheduler is not None:
+        total = scheduler.total_num_steps
+        if total is not None and not split_batches:
+            total = math.ceil(total / num_processes)
+        warmup = scheduler.warmup_num_steps
+        fills += [
+            # DeepSpeed refuses 0 warm-up steps; 1 is the shortest warm-up there is.
+            Fill(
+                "scheduler.params.warmup_num_steps",
+                warmup,
+                f"DummyScheduler(warmup_num_steps={warmup})",
+                1,
+            ),
+            Fill(
+                "scheduler.params.total_num_steps",
+                total,
+                f"DummyScheduler(total_num_steps={scheduler.total_num_steps}) on "
+                f"{num_processes} processes",
+            ),
+        ]
+    return fills
+
+
+def _warm_up_to_the_optimizer_lr(config: dict[str, Any]) -> None:
+    """A declared schedule left ``"auto"`` warms up from 0 to the declared optimizer's lr."""
+    if get(config, "scheduler.params.warmup_min_lr") == AUTO:
+        _put(config, "scheduler.params.warmup_min_lr", 0.0)
+    lr = get(config, "optimizer.params.lr")
+    if get(config, "scheduler.params.warmup_max_lr") == AUTO and lr not in (None, AUTO):
+        _put(config, "scheduler.params.warmup_max_lr", lr)
 
 
 def _fill_precision(config: dict[str, Any], mixed_precision: str, conflicts: list[str]) -> None:

@@ -43,6 +43,11 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
         return self.optimizer.defaults
 
+    def wraps(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` is this one or sits under it (ZeRO wraps the user's)."""
+        inner = getattr(self.optimizer, "optimizer", None)
+        return any(optimizer is candidate for candidate in (self, self.optimizer, inner))
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
 

@@ -22,6 +22,7 @@ class Training:
     mixed_precision: str
     shared: StepState
     precision: Precision
+    split_batches: bool = False
 
 
 class Strategy:

@@ -19,7 +19,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from .. import deepspeed_config as dsc
-from ..optim import PreparedOptimizer
+from ..deepspeed_placeholders import DummyOptim, DummyScheduler
+from ..optim import PreparedOptimizer, PreparedScheduler
 from ..precision import AutocastForward
 from ..state import ProcessState
 from .base import Strategy, Training
@@ -30,11 +31,25 @@ TAG = "pytorch_model"  # the engine checkpoint's folder inside save_state's, HF'
 class DeepSpeedOptimizer(PreparedOptimizer):
     """The engine's optimizer; stepping and zeroing happen in ``accelerator.backward``."""
 
+    def __init__(self, optimizer: Any, training: Training, replaces: Any) -> None:
+        super().__init__(optimizer, training.shared, training.precision)
+        self.replaces = replaces  # what the script prepared: its schedulers point at it
+
+    def wraps(self, optimizer: Any) -> bool:
+        return super().wraps(optimizer) or optimizer is self.replaces
+
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """The engine zeroes gradients after its step."""
 
     def step(self, closure: Any = None) -> None:
         self.step_was_skipped = bool(getattr(self.optimizer, "overflow", False))
+
+
+class EngineScheduler(PreparedScheduler):
+    """A scheduler the engine owns (config-declared or built by ``lr_scheduler_callable``)."""
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """The engine steps it after each optimizer step."""
 
 
 class DeepSpeed(Strategy):
@@ -51,43 +66,52 @@ class DeepSpeed(Strategy):
 
     def setup(self, objects: list[Any], training: Training) -> list[Any]:
         models = [o for o in objects if isinstance(o, torch.nn.Module)]
+        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer | DummyOptim)]
+        schedulers = [o for o in objects if isinstance(o, LRScheduler | DummyScheduler)]
         if not models:
+            if any(isinstance(o, DummyOptim | DummyScheduler) for o in objects):
+                raise ValueError("prepare DummyOptim and DummyScheduler with their model")
             return objects
         if len(models) > 1 or self.engine is not None:
             raise ValueError("DeepSpeed trains one model per Accelerator; prepare only one")
-        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
         if len(optimizers) > 1:
             raise ValueError("DeepSpeed takes one optimizer; prepare it with its model")
-        self.config = self._config(objects, training, bool(optimizers))
+        optimizer = optimizers[0] if optimizers else None
+        scheduler = schedulers[0] if schedulers else None
+        self.config = self._config(objects, training, optimizer, scheduler)
         os.environ.setdefault("DS_ACCELERATOR", self.state.device.type)
         import deepspeed
 
-        engine, optimizer, _, _ = deepspeed.initialize(
-            model=models[0],
-            optimizer=optimizers[0] if optimizers else None,
-            config=self.config,
-            dist_init_required=False,
+        given: dict[str, Any] = {}
+        if isinstance(optimizer, DummyOptim):
+            given["model_parameters"] = optimizer.params
+        elif optimizer is not None:
+            given["optimizer"] = self._for_offload(optimizer)
+        if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable:
+            given["lr_scheduler"] = scheduler.lr_scheduler_callable
+        engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(
+            model=models[0], config=self.config, dist_init_required=False, **given
         )
         self.engine = engine
         self._autocast(engine.module)
-        prepared = DeepSpeedOptimizer(optimizer, training.shared, training.precision)
-        swap = {id(models[0]): engine, **({id(optimizers[0]): prepared} if optimizers else {})}
+        swap = {id(models[0]): engine}
+        if optimizer is not None:
+            prepared = DeepSpeedOptimizer(engine_optimizer, training, replaces=optimizer)
+            swap[id(optimizer)] = prepared
+            if isinstance(scheduler, DummyScheduler):
+                swap[id(scheduler)] = EngineScheduler(
+                    engine_scheduler, [prepared], training.shared, num_processes=1
+                )
         return [swap.get(id(o), o) for o in objects]
 
-    def _config(self, objects: list[Any], training: Training, has_optimizer: bool) -> dict:
+    def _config(
+        self, objects: list[Any], training: Training, optimizer: Any, scheduler: Any
+    ) -> dict:
         file = dsc.read_file(self.config_file) if self.config_file else None
         where = self.config_file or "the launch options"
         config = dsc.merge_options(file, self.options, where)
-        for key, given, kind in (
-            ("optimizer", has_optimizer, torch.optim.Optimizer),
-            ("scheduler", any(isinstance(o, LRScheduler) for o in objects), LRScheduler),
-        ):
-            if key in config and given:
-                raise ValueError(
-                    f"{where} declares a {key} and the script prepares a {kind.__name__}; "
-                    f"remove one of them"
-                )
-        if has_optimizer:
+        _check_declared(config, where, optimizer, scheduler)
+        if isinstance(optimizer, torch.optim.Optimizer):
             config["zero_allow_untested_optimizer"] = True  # any torch optimizer, as HF does
         loaders = [o for o in objects if isinstance(o, DataLoader)]
         return dsc.fill_from_script(
@@ -96,7 +120,51 @@ class DeepSpeed(Strategy):
             accumulation_steps=training.gradient_accumulation_steps,
             num_processes=self.state.num_processes,
             mixed_precision=training.mixed_precision,
+            declared=dsc.placeholder_fills(
+                optimizer,
+                scheduler if isinstance(scheduler, DummyScheduler) else None,
+                num_processes=self.state.num_processes,
+                split_batches=training.split_batches,
+            ),
         )
+
+    def _for_offload(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer ZeRO-Offload steps on the CPU.
+
+        Adam, AdamW and Adagrad become DeepSpeed's vectorised CPU versions with the same
+        hyperparameters and the *same* param-group dicts, so a scheduler built on the script's
+        optimizer keeps setting the learning rate. Any other optimizer stays as it is, stepped by
+        torch on the CPU: slower, but never a different algorithm (HF swaps in Adam).
+        """
+        offload = dsc.get(self.config, "zero_optimization.offload_optimizer.device")
+        if offload in (None, "none") or self.config.get("zero_force_ds_cpu_optimizer") is False:
+            return optimizer
+        d = optimizer.defaults
+        kind = type(optimizer)
+        if kind in (torch.optim.Adam, torch.optim.AdamW) and not (d["amsgrad"] or d["maximize"]):
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(
+                optimizer.param_groups,
+                lr=d["lr"],
+                betas=d["betas"],
+                eps=d["eps"],
+                weight_decay=d["weight_decay"],
+                adamw_mode=kind is torch.optim.AdamW,
+            )
+        if kind is torch.optim.Adagrad and not d["maximize"]:
+            from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+            return DeepSpeedCPUAdagrad(
+                optimizer.param_groups, lr=d["lr"], eps=d["eps"], weight_decay=d["weight_decay"]
+            )
+        self.config["zero_force_ds_cpu_optimizer"] = False
+        warnings.warn(
+            f"ZeRO-Offload steps {kind.__name__} with torch on the CPU; DeepSpeed's CPU Adam(W) "
+            "and Adagrad are several times faster",
+            stacklevel=4,
+        )
+        return optimizer
 
     def _autocast(self, module: torch.nn.Module) -> None:
         """Run the forward under autocast when the engine holds 16-bit weights.
@@ -155,3 +223,27 @@ class DeepSpeed(Strategy):
 
     def barrier(self) -> None:
         torch.distributed.barrier()
+
+
+def _check_declared(config: dict, where: str, optimizer: Any, scheduler: Any) -> None:
+    """An optimizer or scheduler comes from the script or from the config, never from both.
+
+    A config-declared one is stood for in the script by its placeholder, as in HF Accelerate.
+    """
+    for key, given, placeholder in (
+        ("optimizer", optimizer, DummyOptim),
+        ("scheduler", scheduler, DummyScheduler),
+    ):
+        name = placeholder.__name__
+        if key in config and given is not None and not isinstance(given, placeholder):
+            raise ValueError(
+                f"{where} declares the {key}, and the script prepares its own "
+                f"({type(given).__name__}); "
+                f"create accelify.runtime.{name} in the script, or remove the config's {key}"
+            )
+        callable_ = getattr(given, "lr_scheduler_callable", None)
+        if key not in config and isinstance(given, placeholder) and callable_ is None:
+            raise ValueError(
+                f"the script prepares a {name}, which stands for the {key} of a DeepSpeed "
+                f"config, and {where} declares none"
+            )

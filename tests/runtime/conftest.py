@@ -56,9 +56,11 @@ SHARDED_SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "runtime" / 
 _LAUNCH = "from accelify.runtime.launch.cli import main; main()"
 
 
-def run_sharded(out: Path, *flags: str, resume: bool = False, cpu: bool = True) -> dict[str, Any]:
+def run_sharded(
+    out: Path, *flags: str, resume: bool = False, cpu: bool = True, script: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Train under ``accel-run FLAGS`` (2 CPU processes, else one per GPU), saving after epoch 0
-    (or resuming from there).
+    (or resuming from there); ``script`` are more arguments for the script.
 
     Returns the main process's record, with the other ranks' as ``others``. The generous timeout
     covers DeepSpeed's first start, which builds a small op (cached in ~/.cache/torch_extensions).
@@ -69,7 +71,7 @@ def run_sharded(out: Path, *flags: str, resume: bool = False, cpu: bool = True) 
     command = [sys.executable, "-c", _LAUNCH, "--num-processes", str(processes)]
     command += ["--cpu"] if cpu else []
     command += ["--gradient-accumulation-steps", "2", *flags, str(SHARDED_SCRIPT), str(out)]
-    command += ["--save-after", "0", *(["--resume"] if resume else [])]
+    command += ["--save-after", "0", *(["--resume"] if resume else []), *script]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=600, check=False
     )
@@ -78,10 +80,12 @@ def run_sharded(out: Path, *flags: str, resume: bool = False, cpu: bool = True) 
     return {**first, "others": others}
 
 
-def resumed_run(straight: Path, resumed: Path, *flags: str) -> dict[str, Any]:
+def resumed_run(
+    straight: Path, resumed: Path, *flags: str, script: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """A new 2-process run that loads ``straight``'s checkpoint (saved after epoch 0)."""
     shutil.copytree(straight / "state", resumed / "state")
-    return run_sharded(resumed, *flags, resume=True)
+    return run_sharded(resumed, *flags, resume=True, script=script)
 
 
 @pytest.fixture(scope="session")
