@@ -38,18 +38,28 @@ def _never(value: object) -> bool:
 _SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 _SHARDING += tuple(str(i) for i in range(1, 6))
 
-# deepspeed_config key -> (parser, the variable HF Accelerate's launcher sets).
-DEEPSPEED_KEYS: dict[str, tuple[Callable[[object], Any], str]] = {
+# accelerate's ways of starting a multi-machine DeepSpeed run. accel-run is "standard": one
+# elastic agent per machine, each started there; the others start every machine from one (ssh, MPI).
+STANDARD_LAUNCHER = "standard"
+MULTINODE_LAUNCHERS = (STANDARD_LAUNCHER, "pdsh", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+
+# deepspeed_config key -> (parser, the variable HF Accelerate's launcher sets; None: launcher only).
+DEEPSPEED_KEYS: dict[str, tuple[Callable[[object], Any], str | None]] = {
     name: (_ds_option(name), variable) for name, variable in dsc.OPTION_ENV.items()
 }
 DEEPSPEED_KEYS.update(
     {
         "deepspeed_config_file": (cfg.text, dsc.CONFIG_FILE_ENV),
         "zero3_init_flag": (cfg.boolean, "ACCELERATE_DEEPSPEED_ZERO3_INIT"),
+        "deepspeed_multinode_launcher": (cfg.choice(*MULTINODE_LAUNCHERS, lower=True), None),
+        # Read by the ssh/MPI launchers only: accepted so their configs load, unused by "standard".
+        "deepspeed_hostfile": (cfg.text, None),
+        "deepspeed_inclusion_filter": (cfg.text, None),
+        "deepspeed_exclusion_filter": (cfg.text, None),
     }
 )
 # fsdp_config key -> (parser, variable).
-FSDP_KEYS: dict[str, tuple[Callable[[object], Any], str]] = {
+FSDP_KEYS: dict[str, tuple[Callable[[object], Any], str | None]] = {
     "fsdp_version": (cfg.choice("1", "2"), "FSDP_VERSION"),
     "fsdp_sharding_strategy": (_fsdp_sharding, "FSDP_SHARDING_STRATEGY"),
     "fsdp_reshard_after_forward": (cfg.boolean, "FSDP_RESHARD_AFTER_FORWARD"),
@@ -91,14 +101,16 @@ class Backend:
             else "ACCELERATE_USE_FSDP": "true"
         }
         for key, value in self.values.items():
-            env[keys[key][1]] = str(value).lower() if isinstance(value, bool) else str(value)
+            variable = keys[key][1]
+            if variable is not None:
+                env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
         if self.kind == "DEEPSPEED" and self.use_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # else deepspeed looks for an accelerator it may find
         return env
 
 
 def _parse(
-    kind: str, keys: Mapping[str, tuple[Callable, str]], values: Mapping, flags: bool = False
+    kind: str, keys: Mapping[str, tuple[Callable, str | None]], values: Mapping, flags: bool = False
 ) -> Backend:
     """Validate a section (or the flags for one); errors name the key (or the flag)."""
     if not isinstance(values, Mapping):
@@ -175,6 +187,13 @@ def _checked(settings: cfg.Settings, backend: Backend) -> Backend:
         raise cfg.ConfigError(
             f"gradient_accumulation_steps is {steps} in deepspeed_config but "
             f"--gradient-accumulation-steps is {flag_steps}"
+        )
+    launcher = values.get("deepspeed_multinode_launcher", STANDARD_LAUNCHER)
+    if settings.num_machines > 1 and launcher != STANDARD_LAUNCHER:
+        raise cfg.ConfigError(
+            f"deepspeed_multinode_launcher is {launcher}, which starts every machine from this "
+            "one; accel-run starts one agent per machine: run it on each machine with its "
+            f"--machine-rank, and set deepspeed_multinode_launcher: {STANDARD_LAUNCHER}"
         )
     path = values.get("deepspeed_config_file")
     if backend.kind != "DEEPSPEED" or path is None:

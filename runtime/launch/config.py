@@ -131,7 +131,7 @@ class Settings:
     gradient_accumulation_steps: int | None = None
     max_restarts: int = 0
     monitor_interval: float = 0.1
-    # Backend sections (``deepspeed_config``, ``fsdp_config``) once a later issue registers them.
+    # Backend sections (``deepspeed_config``, ``fsdp_config``), parsed by backends.py.
     sections: Mapping[str, Section] = field(default_factory=dict)
 
     @property
@@ -172,12 +172,14 @@ FILE_KEYS = frozenset(PARSERS) - {"gradient_accumulation_steps", "max_restarts",
 class Section(Protocol):
     """A backend's parsed ``*_config`` section (``deepspeed_config``, ``fsdp_config``, ...)."""
 
+    values: Mapping[str, Any]  # the section's keys, as written in the file
+
     def env(self) -> dict[str, str]:
         """What accelerate's launcher sets for this backend (``ACCELERATE_USE_FSDP``, ...)."""
         ...
 
 
-# ``*_config`` sections: name -> parser of the nested mapping. Empty until a backend registers one.
+# ``*_config`` sections: name -> parser of the nested mapping; backends.py registers its two.
 SECTIONS: dict[str, Callable[[Mapping[str, Any]], Section]] = {}
 # Keys accelerate writes into every config that only matter to features accel-run does not have;
 # accepted while they hold these values so an existing accelerate config keeps working.
@@ -329,4 +331,5 @@ def to_file_dict(settings: Settings) -> dict[str, Any]:
     values = asdict(settings)
     values["distributed_type"] = settings.resolved_distributed_type
     keep = [f.name for f in fields(Settings) if f.name in FILE_KEYS]
-    return {key: values[key] for key in keep if values[key] is not None}
+    found = {key: values[key] for key in keep if values[key] is not None}
+    return found | {name: dict(section.values) for name, section in settings.sections.items()}

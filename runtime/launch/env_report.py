@@ -15,6 +15,9 @@ import yaml
 
 from accelify.runtime.launch import config as cfg
 
+# Variables that change what a run does: accelerate's, the FSDP plugin's, DeepSpeed's.
+LAUNCH_VARIABLE_PREFIXES = ("ACCELERATE_", "FSDP_", "DS_")
+
 
 def _version(package: str) -> str:
     try:
@@ -42,6 +45,7 @@ def report(config_file: str | None) -> tuple[str, bool]:
         f"Python version: {sys.version.split()[0]}",
         f"torch version: {_version('torch')}",
         f"accelerate version: {_version('accelerate')}",
+        f"deepspeed version: {_version('deepspeed')}",
         f"CPU cores: {os.cpu_count()}",
         *_devices(),
         f"Config file: {path if exists else f'none ({path} does not exist)'}",
@@ -56,6 +60,6 @@ def report(config_file: str | None) -> tuple[str, bool]:
         lines.append("Resolved config:")
         resolved = yaml.safe_dump(cfg.to_file_dict(settings), sort_keys=False)
         lines += [f"  {line}" for line in resolved.splitlines()]
-    accelerate_vars = sorted(k for k in os.environ if k.startswith("ACCELERATE_"))
-    lines += [f"{k}={os.environ[k]}" for k in accelerate_vars]
+    launch_vars = sorted(k for k in os.environ if k.startswith(LAUNCH_VARIABLE_PREFIXES))
+    lines += [f"{k}={os.environ[k]}" for k in launch_vars]
     return "\n".join(line if line.startswith(" ") else f"- {line}" for line in lines), ok

@@ -7,6 +7,7 @@ launcher and runtime are checked against each other.
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,44 @@ def test_section_errors_name_the_line_and_key(tmp_path: Path) -> None:
 def test_accumulation_in_the_section_and_on_the_command_line_must_agree(tmp_path: Path) -> None:
     with pytest.raises(cfg.ConfigError, match="is 1 in deepspeed_config but --gradient-acc"):
         _settings(tmp_path, GUIDE_DEEPSPEED_PLUGIN, "--gradient-accumulation-steps", "4")
+
+
+MULTI_MACHINE_DEEPSPEED = """\
+deepspeed_config:
+  deepspeed_hostfile: /etc/hostfile
+  deepspeed_multinode_launcher: {launcher}
+  zero_stage: 2
+distributed_type: DEEPSPEED
+main_process_ip: 10.0.0.1
+main_process_port: 29500
+num_processes: 4
+"""
+
+
+def test_a_multi_machine_deepspeed_config_runs_with_one_agent_per_machine(tmp_path: Path) -> None:
+    standard = MULTI_MACHINE_DEEPSPEED.format(launcher="standard")
+    env = cfg.child_env(_settings(tmp_path, standard, "--num-machines", "2"))
+    assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
+    assert not any("/etc/hostfile" in value for value in env.values())  # the ssh launchers' key
+
+    pdsh = MULTI_MACHINE_DEEPSPEED.format(launcher="pdsh")
+    with pytest.raises(cfg.ConfigError, match="deepspeed_multinode_launcher is pdsh, which"):
+        _settings(tmp_path, pdsh, "--num-machines", "2")
+    assert _settings(tmp_path, pdsh).num_machines == 1  # one machine: nothing to start elsewhere
+
+
+def test_env_reports_the_backend_its_version_and_its_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(COMMON + GUIDE_DEEPSPEED_PLUGIN)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(SystemExit) as done:
+        main(["env", "--config-file", str(path)])
+    report = capsys.readouterr().out
+    assert done.value.code == 0
+    assert f"- deepspeed version: {version('deepspeed')}\n" in report
+    assert "  deepspeed_config:\n" in report
+    assert "    offload_optimizer_device: cpu\n" in report
+    assert "- DS_ACCELERATOR=cpu\n- FSDP_VERSION=2" in report
