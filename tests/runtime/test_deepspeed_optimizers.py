@@ -43,13 +43,22 @@ DECLARED_CONFIG = {
 }
 
 
+OFFLOADS = {
+    "zero2-optimizer": ("--zero-stage", "2", "--offload-optimizer-device", "cpu"),
+    "zero3-optimizer-and-params": (
+        *("--zero-stage", "3", "--offload-optimizer-device", "cpu"),
+        *("--offload-param-device", "cpu"),
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def offload_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    flags = ("--use-deepspeed", "--zero-stage", "2", "--offload-optimizer-device", "cpu")
-    return {
-        "offload": run_sharded(tmp_path_factory.mktemp("offload"), *flags, script=ADAM),
-        "ddp": run_sharded(tmp_path_factory.mktemp("ddp_adam"), script=ADAM),
+    runs = {
+        name: run_sharded(tmp_path_factory.mktemp(name), "--use-deepspeed", *flags, script=ADAM)
+        for name, flags in OFFLOADS.items()
     }
+    return {**runs, "ddp": run_sharded(tmp_path_factory.mktemp("ddp_adam"), script=ADAM)}
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +76,19 @@ def declared_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_offload_steps_the_scripts_adam_on_the_cpu_like_ddp(offload_runs: dict) -> None:
+@pytest.mark.parametrize("offload", OFFLOADS)
+def test_offload_steps_the_scripts_adam_on_the_cpu_like_ddp(
+    offload_runs: dict, offload: str
+) -> None:
     """DeepSpeed refuses a torch Adam under ZeRO-Offload; its CPU Adam takes over, same maths.
 
     The vectorised CPU Adam rounds differently from torch's: 1e-5 over 24 steps (measured 2e-7).
     """
-    offload, ddp = offload_runs["offload"], offload_runs["ddp"]
-    assert offload["type"] == "DEEPSPEED"
-    assert max_difference(offload["params"], ddp["params"]) < 1e-5
-    assert offload["losses"] == pytest.approx(ddp["losses"], abs=1e-5)
-    assert offload["lr"] == pytest.approx(ddp["lr"])  # the script's StepLR still drives it
+    run, ddp = offload_runs[offload], offload_runs["ddp"]
+    assert run["type"] == "DEEPSPEED"
+    assert max_difference(run["params"], ddp["params"]) < 1e-5
+    assert run["losses"] == pytest.approx(ddp["losses"], abs=1e-5)
+    assert run["lr"] == pytest.approx(ddp["lr"])  # the script's StepLR still drives it
 
 
 @pytest.mark.slow
