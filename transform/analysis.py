@@ -25,6 +25,7 @@ from accelify.transform.patterns import (
     method_call,
     target_names,
 )
+from accelify.transform.walk import walk
 
 # Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
@@ -102,6 +103,7 @@ class Analysis:
     functions: dict[str, Scope] = field(default_factory=dict)  # module-level defs and methods
     calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)
     _lines: dict[int, int] | None = field(default=None, repr=False)
+    _bound: set[tuple[int, str]] | None = field(default=None, repr=False)
 
     def line(self, node: cst.CSTNode) -> int:
         """The line ``node`` starts on, 0 for a node the steps made; computed at the first ask,
@@ -115,6 +117,7 @@ class Analysis:
         if not scopes:
             return
         self.bindings = [b for b in self.bindings if b.scope not in scopes]
+        self._bound = None
         self.loops = [lp for lp in self.loops if lp.scope not in scopes]
         self.calls = [c for c in self.calls if c[1] not in scopes]
         self.backward_calls = [c for c in self.backward_calls if c[1] not in scopes]
@@ -135,7 +138,9 @@ class Analysis:
         return found
 
     def _binds(self, scope: Scope, key: str) -> bool:
-        return any(b.scope is scope and b.key == key for b in self.bindings)
+        if self._bound is None:  # asked for every role look-up: an index, not a scan
+            self._bound = {(id(b.scope), b.key) for b in self.bindings}
+        return (id(scope), key) in self._bound
 
     def bindings_of(self, role: Role) -> Iterator[Binding]:
         for b in self.bindings:
@@ -210,14 +215,14 @@ def loop_iterable(iterable: cst.BaseExpression) -> cst.BaseExpression:
 def mentions(node: cst.CSTNode, keys: set[str]) -> bool:
     """Whether ``node`` reads any of ``keys`` (names, or ``self.x`` attributes)."""
     finder = _KeyFinder(keys)
-    node.visit(finder)
+    walk(node, finder)
     return finder.found
 
 
 def names_in(node: cst.CSTNode) -> list[cst.Name]:
     """The ``Name`` nodes under ``node``, not entering functions defined inside it."""
     finder = _NameCollector(node)
-    node.visit(finder)
+    walk(node, finder)
     return finder.found
 
 
@@ -251,7 +256,7 @@ class _KeyFinder(cst.CSTVisitor):
 
 def analyse(module: cst.Module) -> Analysis:
     analysis = Analysis(module)
-    module.visit(_Collector(analysis))
+    walk(module, _Collector(analysis))
     _infer_roles(analysis)
     return analysis
 

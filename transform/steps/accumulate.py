@@ -13,6 +13,7 @@ import libcst as cst
 from accelify.transform.analysis import Loop, key_of, names_in
 from accelify.transform.patterns import Role, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.walk import children
 
 
 def accumulate(plan: Plan) -> None:
@@ -150,7 +151,7 @@ def _divides_by(plan: Plan, node: cst.CSTNode, code: str) -> bool:
 
 
 def _walk_statements(node: cst.CSTNode):
-    for child in node.children:
+    for child in children(node):
         if isinstance(child, cst.SimpleStatementLine):
             yield child
         elif not isinstance(child, cst.FunctionDef):

@@ -14,6 +14,7 @@ import libcst as cst
 from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.steps.backward import to_accelerator_backward
+from accelify.transform.walk import walk
 
 _AUTOCASTS = frozenset({"autocast"})
 
@@ -80,7 +81,7 @@ def _other_scaler_uses(plan: Plan) -> list[cst.Name]:
                 return
             uses.append(node)
 
-    a.module.visit(_Finder())
+    walk(a.module, _Finder())
     return uses
 
 

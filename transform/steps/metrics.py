@@ -15,6 +15,7 @@ from accelify.transform.analysis import Loop, mentions
 from accelify.transform.patterns import Role, callee_name, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.steps.moves import batch_names
+from accelify.transform.walk import walk
 
 _GATHERS = frozenset({"gather", "gather_for_metrics", "reduce"})
 
@@ -76,5 +77,5 @@ def _aug_assigns(node: cst.CSTNode) -> list[cst.AugAssign]:
         def visit_FunctionDef(self, function: cst.FunctionDef) -> bool:
             return False
 
-    node.visit(_Finder())
+    walk(node, _Finder())
     return found

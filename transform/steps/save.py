@@ -13,6 +13,7 @@ import libcst as cst
 from accelify.transform.analysis import key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.walk import walk
 
 
 def save(plan: Plan) -> None:
@@ -61,5 +62,5 @@ def _model_uses(plan: Plan, value: cst.BaseExpression, scope) -> list[cst.BaseEx
 
     if (key := key_of(value)) is not None and a.role(scope, key) is Role.MODEL:
         return [value]
-    value.visit(_Finder())
+    walk(value, _Finder())
     return found

@@ -1,0 +1,92 @@
+"""Read-only traversal of a libcst tree, in source order, without rebuilding it.
+
+``node.visit(visitor)`` and ``node.children`` rebuild every node they pass (libcst's
+``_visit_and_replace_children`` constructs a new node even for a read-only visitor), so each full
+traversal costs about as much as the parse. :func:`walk` drives the same visitor hooks by reading
+the nodes' fields instead; it is for visitors, never for transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import libcst as cst
+
+# Node types whose dataclass fields are not in source order: these fields come first, in the
+# order libcst's own traversal visits them. Whitespace and bracket fields are left where they fall
+# (nothing reads them); tests/convert/test_walk.py checks the order against libcst's.
+_SOURCE_ORDER: dict[type[cst.CSTNode], tuple[str, ...]] = {
+    cst.Arg: ("keyword", "value"),
+    cst.ClassDef: ("decorators", "name", "type_parameters", "bases", "keywords", "body"),
+    cst.CompFor: ("asynchronous", "target", "iter", "ifs", "inner_for_in"),
+    cst.ExceptHandler: ("type", "name", "body"),
+    cst.ExceptStarHandler: ("type", "name", "body"),
+    cst.For: ("asynchronous", "target", "iter", "body", "orelse"),
+    cst.FunctionDef: (
+        "decorators",
+        "asynchronous",
+        "name",
+        "type_parameters",
+        "params",
+        "returns",
+        "body",
+    ),
+    cst.IfExp: ("body", "test", "orelse"),
+    cst.ImportFrom: ("relative", "module", "names"),
+    cst.MatchCase: ("pattern", "guard", "body"),
+    cst.Parameters: (
+        "posonly_params",
+        "posonly_ind",
+        "params",
+        "star_arg",
+        "kwonly_params",
+        "star_kwarg",
+    ),
+    cst.TypeAlias: ("name", "type_parameters", "value"),
+    cst.With: ("asynchronous", "items", "body"),
+}
+_FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
+
+
+def _fields(kind: type[cst.CSTNode]) -> tuple[str, ...]:
+    names = _FIELDS.get(kind)
+    if names is None:
+        first = _SOURCE_ORDER.get(kind, ())
+        rest = (f.name for f in dataclasses.fields(kind) if f.name not in first)  # type: ignore[arg-type]
+        names = _FIELDS[kind] = (*first, *rest)
+    return names
+
+
+def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The direct children of ``node`` in source order, like ``node.children`` but free."""
+    for name in _fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            yield value
+        elif isinstance(value, (tuple, list)):
+            yield from (item for item in value if isinstance(item, cst.CSTNode))
+
+
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: bool = False) -> None:
+    """Call ``visitor``'s hooks on ``node`` and below, as ``node.visit(visitor)`` would.
+
+    ``fields`` also calls ``on_visit_attribute``/``on_leave_attribute`` around each field (for
+    ``visit_If_body``-style handlers); left off, a traversal skips that cost.
+    """
+    if visitor.on_visit(node):
+        for name in _fields(type(node)):
+            value = getattr(node, name)
+            if fields:
+                if not (value is None or isinstance(value, (cst.CSTNode, tuple, list))):
+                    continue  # a plain value (``Name.value``): libcst has no hook for it
+                visitor.on_visit_attribute(node, name)
+            if isinstance(value, cst.CSTNode):
+                walk(value, visitor, fields=fields)
+            elif isinstance(value, (tuple, list)):
+                for item in value:
+                    if isinstance(item, cst.CSTNode):
+                        walk(item, visitor, fields=fields)
+            if fields:
+                visitor.on_leave_attribute(node, name)
+    visitor.on_leave(node)
