@@ -25,7 +25,7 @@ from accelify.transform.patterns import (
     method_call,
     target_names,
 )
-from accelify.transform.walk import walk
+from accelify.transform.walk import Visitor, walk
 
 # Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
@@ -226,7 +226,7 @@ def names_in(node: cst.CSTNode) -> list[cst.Name]:
     return finder.found
 
 
-class _NameCollector(cst.CSTVisitor):
+class _NameCollector(Visitor):
     def __init__(self, root: cst.CSTNode) -> None:
         super().__init__()
         self.root = root
@@ -239,7 +239,7 @@ class _NameCollector(cst.CSTVisitor):
         return node is self.root  # nested functions have names of their own
 
 
-class _KeyFinder(cst.CSTVisitor):
+class _KeyFinder(Visitor):
     def __init__(self, keys: set[str]) -> None:
         super().__init__()
         self.keys = keys
@@ -261,7 +261,7 @@ def analyse(module: cst.Module) -> Analysis:
     return analysis
 
 
-class _Collector(cst.CSTVisitor):
+class _Collector(Visitor):
     """Records scopes, assignments, loops, backward calls and parent links in one traversal."""
 
     def __init__(self, analysis: Analysis) -> None:

@@ -9,7 +9,7 @@ the nodes' fields instead; it is for visitors, never for transformers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
@@ -90,3 +90,39 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: bool = False) ->
             if fields:
                 visitor.on_leave_attribute(node, name)
     visitor.on_leave(node)
+
+
+class Visitor(cst.CSTVisitor):
+    """A ``CSTVisitor`` that finds its ``visit_<Node>``/``leave_<Node>`` once per node type.
+
+    libcst formats the method name and calls a no-op stub for every node; on a whole module that
+    costs as much as the walk itself. Subclasses are module-level classes (the cache keeps them).
+    """
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        handler = _handler(_VISITS, "visit_", type(self), type(node))
+        return handler is None or handler(self, node) is not False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        handler = _handler(_LEAVES, "leave_", type(self), type(original_node))
+        if handler is not None:
+            handler(self, original_node)
+
+
+_Handlers = dict[tuple[type, type], Callable[..., object] | None]
+_VISITS: _Handlers = {}
+_LEAVES: _Handlers = {}
+
+
+def _handler(
+    cache: _Handlers, prefix: str, visitor: type, kind: type
+) -> Callable[..., object] | None:
+    try:
+        return cache[visitor, kind]
+    except KeyError:
+        name = prefix + kind.__name__
+        found = getattr(visitor, name, None)
+        if found is getattr(cst.CSTVisitor, name, None):  # libcst's no-op stub
+            found = None
+        cache[visitor, kind] = found
+        return found
