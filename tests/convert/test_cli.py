@@ -9,16 +9,17 @@ them through the installed ``accel-convert`` script.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from accelify.transform import cli
 from accelify.transform.console import package_version
@@ -68,10 +69,32 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-def run(*args: str, stdin: bytes | None = None, env: dict[str, str | None] | None = None):
-    result = CliRunner().invoke(cli.app, list(args), input=stdin, env=env)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    assert "Traceback" not in result.output
+@dataclass(frozen=True)
+class Ran:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run(*args: str, stdin: bytes | None = None, env: dict[str, str | None] | None = None) -> Ran:
+    """The CLI in this process, with byte-level standard streams (a bug's traceback propagates)."""
+    out, err = io.BytesIO(), io.BytesIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"))
+        patch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", write_through=True))
+        patch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="utf-8", write_through=True))
+        for key, value in (env or {}).items():
+            patch.setenv(key, value) if value is not None else patch.delenv(key, raising=False)
+        try:
+            code = cli.run(list(args))
+        except SystemExit as exit:  # argparse: usage errors, --help, --version
+            code = exit.code if isinstance(exit.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        result = Ran(
+            code, out.getvalue().decode(), err.getvalue().decode()
+        )  # before wrappers close
+    assert "Traceback" not in result.stdout + result.stderr
     return result
 
 
