@@ -15,7 +15,7 @@ from accelify.rules.checks import all_rules
 from accelify.rules.formats import FORMATS, MACHINE, render_text
 from accelify.rules.rule import Rule
 from accelify.rules.runner import FileResult, Options, check_file
-from accelify.transform.console import EXIT_ERROR, EXIT_FOUND, EXIT_OK, console, package_version
+from accelify.transform.console import EXIT_ERROR, EXIT_FOUND, EXIT_OK, VersionAction, console
 from accelify.transform.sources import SourceError, iter_paths
 
 EXAMPLES = """\
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--jobs", "-j", type=int, default=1, metavar="N", help="files in parallel (0: one per CPU)"
     )
-    parser.add_argument("--version", action="version", version=f"accel-lint {package_version()}")
+    parser.add_argument("--version", action=VersionAction)
     return parser
 
 

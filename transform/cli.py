@@ -63,14 +63,6 @@ _LINE = re.compile(r"[^\n]*\n|[^\n]+")
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
 
 
-class _Version(argparse.Action):
-    """``--version``, reading the package metadata (~25 ms) only when asked."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
-        print(f"{parser.prog} {term.package_version()}")
-        parser.exit(term.EXIT_OK)
-
-
 def _at_least(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -129,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Hide change lines and the summary (errors and needs-a-human stay).",
     )
-    add("--version", action=_Version, nargs=0, help="Print the version and exit.")
+    add("--version", action=term.VersionAction, help="Print the version and exit.")
     return parser
 
 

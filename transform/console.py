@@ -6,6 +6,8 @@ place that knows the exit codes CI gates on.
 
 from __future__ import annotations
 
+import argparse
+
 from rich.console import Console
 
 EXIT_OK = 0
@@ -16,6 +18,17 @@ EXIT_ERROR = 2  # bad input or usage
 def console(stderr: bool = False) -> Console:
     """A console that styles only on a terminal and never wraps (paths must stay greppable)."""
     return Console(stderr=stderr, soft_wrap=True, highlight=False)
+
+
+class VersionAction(argparse.Action):
+    """``--version`` that reads the package metadata only when given, not at every start-up."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=help or "print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        print(f"{parser.prog} {package_version()}")
+        parser.exit(EXIT_OK)
 
 
 def package_version() -> str:
