@@ -1,6 +1,6 @@
 """Parse once, run every selected rule in one traversal, drop suppressed findings, fix to fixpoint.
 
-The traversal is a single libcst visitor that dispatches each node to the facts visitor and then to
+The traversal is a single read-only walk that dispatches each node to the facts visitor and then to
 every rule that has a handler for that node type (Fixit's batched visitor). Positions are resolved
 only when something was found, because ``PositionProvider`` costs about as much as the parse.
 """
@@ -18,6 +18,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Report, Rule, Severity
+from accelify.transform.walk import walk
 
 # A file that mentions none of these cannot contain anything the rules look for.
 _RELEVANT = re.compile(r"\b(torch|accelerate|accelify|Accelerator|cuda)\b")
@@ -56,11 +57,11 @@ class _Dispatcher(cst.CSTVisitor):
                     self._visit[attr[6:]].append(getattr(visitor, attr))
                 elif attr.startswith("leave_"):
                     self._leave[attr[6:]].insert(0, getattr(visitor, attr))
-        # libcst reports every field of every node; only a few node types have field handlers
-        # (``visit_If_body``), so the rest return after one set look-up.
-        self._with_fields = {
+        # Node types with field handlers (``visit_If_body``): the walk calls the field hooks
+        # only on these.
+        self.with_fields = frozenset(
             key.split("_", 1)[0] for key in (*self._visit, *self._leave) if "_" in key
-        }
+        )
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         for handler in self._visit.get(type(node).__name__, ()):
@@ -72,16 +73,12 @@ class _Dispatcher(cst.CSTVisitor):
             handler(original_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        name = type(node).__name__
-        if name in self._with_fields:
-            for handler in self._visit.get(f"{name}_{attribute}", ()):
-                handler(node)
+        for handler in self._visit.get(f"{type(node).__name__}_{attribute}", ()):
+            handler(node)
 
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        name = type(original_node).__name__
-        if name in self._with_fields:
-            for handler in self._leave.get(f"{name}_{attribute}", ()):
-                handler(original_node)
+        for handler in self._leave.get(f"{type(original_node).__name__}_{attribute}", ()):
+            handler(original_node)
 
 
 def is_relevant(text: str) -> bool:
@@ -102,7 +99,8 @@ def run_rules(module: cst.Module, rules: Sequence[type[Rule]]) -> list[Report]:
     """One traversal of ``module`` with the facts visitor and an instance of each rule."""
     reports: list[Report] = []
     facts = Facts()
-    module.visit(_Dispatcher([facts, *(rule(facts, reports) for rule in rules)]))
+    dispatcher = _Dispatcher([facts, *(rule(facts, reports) for rule in rules)])
+    walk(module, dispatcher, fields=dispatcher.with_fields)
     return reports
 
 

@@ -9,7 +9,7 @@ the nodes' fields instead; it is for visitors, never for transformers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import libcst as cst
 
@@ -68,16 +68,18 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             yield from (item for item in value if isinstance(item, cst.CSTNode))
 
 
-def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: bool = False) -> None:
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: Collection[str] = ()) -> None:
     """Call ``visitor``'s hooks on ``node`` and below, as ``node.visit(visitor)`` would.
 
-    ``fields`` also calls ``on_visit_attribute``/``on_leave_attribute`` around each field (for
-    ``visit_If_body``-style handlers); left off, a traversal skips that cost.
+    ``on_visit_attribute``/``on_leave_attribute`` (for ``visit_If_body``-style handlers) are
+    called only around the fields of node types named in ``fields``: elsewhere they cost a call
+    per field for nothing. They fire for fields holding a node, a list of nodes, or None.
     """
     if visitor.on_visit(node):
+        hooks = bool(fields) and type(node).__name__ in fields
         for name in _fields(type(node)):
             value = getattr(node, name)
-            if fields:
+            if hooks:
                 if not (value is None or isinstance(value, (cst.CSTNode, tuple, list))):
                     continue  # a plain value (``Name.value``): libcst has no hook for it
                 visitor.on_visit_attribute(node, name)
@@ -87,7 +89,7 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: bool = False) ->
                 for item in value:
                     if isinstance(item, cst.CSTNode):
                         walk(item, visitor, fields=fields)
-            if fields:
+            if hooks:
                 visitor.on_leave_attribute(node, name)
     visitor.on_leave(node)
 

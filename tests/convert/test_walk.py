@@ -59,6 +59,13 @@ _PUNCTUATION = (
 )
 
 
+_ALL_TYPES = {
+    name
+    for name, value in vars(cst).items()
+    if isinstance(value, type) and issubclass(value, cst.CSTNode)
+}
+
+
 class _Events(cst.CSTVisitor):
     """Every visit/leave, and field hooks on fields that hold a node or a list of them."""
 
@@ -93,7 +100,7 @@ def _significant(events: list[tuple[str, int, str]], whitespace: set[int]):
 def test_walk_and_lines_agree_with_libcst(source: str) -> None:
     module = cst.parse_module(source)
     ours, theirs = _Events(), _Events()
-    walk(module, ours, fields=True)
+    walk(module, ours, fields=_ALL_TYPES)
     module.visit(theirs)
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     whitespace = {id(n) for n in positions if isinstance(n, _PUNCTUATION)}

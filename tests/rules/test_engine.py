@@ -44,19 +44,23 @@ def test_all_rules_share_one_parse_and_one_traversal(monkeypatch: pytest.MonkeyP
     parses = []
     real_parse = cst.parse_module
     monkeypatch.setattr(cst, "parse_module", lambda text: parses.append(1) or real_parse(text))
-    visits = []
-    real_visit = cst.Module.visit
+    walks, visits = [], []  # the rules' walk; libcst visits (positions)
+    real_walk, real_visit = engine.walk, cst.Module.visit
+    monkeypatch.setattr(engine, "walk", lambda n, v, **kw: walks.append(v) or real_walk(n, v, **kw))
     monkeypatch.setattr(
         cst.Module, "visit", lambda self, v: visits.append(v) or real_visit(self, v)
     )
     _CountingRule.seen = 0
     findings = engine.lint(text, [*all_rules(), _CountingRule])
     assert findings and len(parses) == 1
-    assert [type(v) for v in visits].count(engine._Dispatcher) == 1  # the rest: positions
+    assert [type(v) for v in walks] == [engine._Dispatcher]
+    assert visits  # findings: positions were resolved
     assert _CountingRule.seen == calls
+    walks.clear()
     visits.clear()
     assert engine.lint((FIXTURES / "clean_train.py").read_text(), all_rules()) == []
-    assert len(visits) == 1  # no findings: positions are never computed
+    assert len(walks) == 1
+    assert not visits  # no findings: positions are never computed
 
 
 def test_files_that_cannot_matter_are_not_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
