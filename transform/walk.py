@@ -47,6 +47,7 @@ _SOURCE_ORDER: dict[type[cst.CSTNode], tuple[str, ...]] = {
     cst.With: ("asynchronous", "items", "body"),
 }
 _FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
+_NODE_TYPES: dict[type, bool] = {}
 
 
 def _fields(kind: type[cst.CSTNode]) -> tuple[str, ...]:
@@ -62,10 +63,10 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The direct children of ``node`` in source order, like ``node.children`` but free."""
     for name in _fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if isinstance(value, (tuple, list)):
+            yield from (item for item in value if _is_node(type(item)))
+        elif _is_node(type(value)):
             yield value
-        elif isinstance(value, (tuple, list)):
-            yield from (item for item in value if isinstance(item, cst.CSTNode))
 
 
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: Collection[str] = ()) -> None:
@@ -79,19 +80,28 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: Collection[str] 
         hooks = bool(fields) and type(node).__name__ in fields
         for name in _fields(type(node)):
             value = getattr(node, name)
+            kind = type(value)
             if hooks:
-                if not (value is None or isinstance(value, (cst.CSTNode, tuple, list))):
+                if not (value is None or kind is tuple or kind is list or _is_node(kind)):
                     continue  # a plain value (``Name.value``): libcst has no hook for it
                 visitor.on_visit_attribute(node, name)
-            if isinstance(value, cst.CSTNode):
-                walk(value, visitor, fields=fields)
-            elif isinstance(value, (tuple, list)):
+            if kind is tuple or kind is list:
                 for item in value:
-                    if isinstance(item, cst.CSTNode):
+                    if _is_node(type(item)):
                         walk(item, visitor, fields=fields)
+            elif _is_node(kind):
+                walk(value, visitor, fields=fields)
             if hooks:
                 visitor.on_leave_attribute(node, name)
     visitor.on_leave(node)
+
+
+def _is_node(kind: type) -> bool:
+    """``issubclass(kind, CSTNode)``, cached: the ABC's own check runs Python code per call."""
+    found = _NODE_TYPES.get(kind)
+    if found is None:
+        found = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+    return found
 
 
 class Visitor(cst.CSTVisitor):
