@@ -12,14 +12,10 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from accelify.runtime import deepspeed_config as dsc
 from accelify.runtime.launch import config as cfg
-
-
-def _ds_option(name: str) -> Callable[[object], Any]:
-    return lambda value: dsc.parse_option(name, value)
 
 
 def _fsdp_sharding(value: object) -> str:
@@ -43,45 +39,106 @@ _SHARDING += tuple(str(i) for i in range(1, 6))
 STANDARD_LAUNCHER = "standard"
 MULTINODE_LAUNCHERS = (STANDARD_LAUNCHER, "pdsh", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 
-# deepspeed_config key -> (parser, the variable HF Accelerate's launcher sets; None: launcher only).
-DEEPSPEED_KEYS: dict[str, tuple[Callable[[object], Any], str | None]] = {
-    name: (_ds_option(name), variable) for name, variable in dsc.OPTION_ENV.items()
+
+class Key(NamedTuple):
+    """One key of a backend section, which is also an accel-run flag."""
+
+    parse: Callable[[object], Any]
+    variable: str | None  # what accelerate's launcher sets for the workers; None: launcher only
+    help: str
+
+
+def _ds(name: str, help: str) -> Key:
+    """A DeepSpeed launch option the runtime also reads (``deepspeed_config.OPTION_ENV``)."""
+    return Key(lambda value: dsc.parse_option(name, value), dsc.OPTION_ENV[name], help)
+
+
+_FSDP1_ONLY = "FSDP1 tuning that FSDP2 does by itself: accepted so existing configs load"
+_SSH_ONLY = "read by accelerate's ssh/MPI launchers only: accepted so their configs load"
+
+DEEPSPEED_KEYS: dict[str, Key] = {
+    "zero_stage": _ds(
+        "zero_stage", "0-3: shard optimizer states (1), + gradients (2), + parameters (3)"
+    ),
+    "offload_optimizer_device": _ds(
+        "offload_optimizer_device",
+        "none|cpu|nvme: where optimizer states live and are stepped (cpu: DeepSpeed's CPU Adam)",
+    ),
+    "offload_param_device": _ds(
+        "offload_param_device", "none|cpu|nvme: where ZeRO-3 keeps the parameters between uses"
+    ),
+    "gradient_clipping": _ds(
+        "gradient_clipping", "max gradient norm the engine clips to (unset: no clipping)"
+    ),
+    "gradient_accumulation_steps": _ds(
+        "gradient_accumulation_steps", "micro-batches per optimizer step"
+    ),
+    "zero3_save_16bit_model": _ds(
+        "zero3_save_16bit_model", "true|false: save_model gathers ZeRO-3's 16-bit weights"
+    ),
+    "deepspeed_config_file": Key(
+        cfg.text,
+        dsc.CONFIG_FILE_ENV,
+        'a DeepSpeed JSON config; its "auto" values are filled from the script and these flags',
+    ),
+    "zero3_init_flag": Key(
+        cfg.boolean,
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+        "true|false: transformers builds ZeRO-3 models already partitioned",
+    ),
+    "deepspeed_multinode_launcher": Key(
+        cfg.choice(*MULTINODE_LAUNCHERS, lower=True),
+        None,
+        "standard: one agent per machine, as accel-run runs; the others are refused on 2+ machines",
+    ),
+    "deepspeed_hostfile": Key(cfg.text, None, _SSH_ONLY),
+    "deepspeed_inclusion_filter": Key(cfg.text, None, _SSH_ONLY),
+    "deepspeed_exclusion_filter": Key(cfg.text, None, _SSH_ONLY),
 }
-DEEPSPEED_KEYS.update(
-    {
-        "deepspeed_config_file": (cfg.text, dsc.CONFIG_FILE_ENV),
-        "zero3_init_flag": (cfg.boolean, "ACCELERATE_DEEPSPEED_ZERO3_INIT"),
-        "deepspeed_multinode_launcher": (cfg.choice(*MULTINODE_LAUNCHERS, lower=True), None),
-        # Read by the ssh/MPI launchers only: accepted so their configs load, unused by "standard".
-        "deepspeed_hostfile": (cfg.text, None),
-        "deepspeed_inclusion_filter": (cfg.text, None),
-        "deepspeed_exclusion_filter": (cfg.text, None),
-    }
-)
-# fsdp_config key -> (parser, variable).
-FSDP_KEYS: dict[str, tuple[Callable[[object], Any], str | None]] = {
-    "fsdp_version": (cfg.choice("1", "2"), "FSDP_VERSION"),
-    "fsdp_sharding_strategy": (_fsdp_sharding, "FSDP_SHARDING_STRATEGY"),
-    "fsdp_reshard_after_forward": (cfg.boolean, "FSDP_RESHARD_AFTER_FORWARD"),
-    "fsdp_auto_wrap_policy": (
+FSDP_KEYS: dict[str, Key] = {
+    "fsdp_version": Key(cfg.choice("1", "2"), "FSDP_VERSION", "1|2: both run on FSDP2"),
+    "fsdp_sharding_strategy": Key(
+        _fsdp_sharding,
+        "FSDP_SHARDING_STRATEGY",
+        "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2 (or 1-5)",
+    ),
+    "fsdp_reshard_after_forward": Key(
+        cfg.boolean,
+        "FSDP_RESHARD_AFTER_FORWARD",
+        "true|false: free gathered parameters after the forward (FSDP2's way to say FULL_SHARD)",
+    ),
+    "fsdp_auto_wrap_policy": Key(
         cfg.choice("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
         "FSDP_AUTO_WRAP_POLICY",
+        "TRANSFORMER_BASED_WRAP|SIZE_BASED_WRAP|NO_WRAP: which submodules are sharded apart",
     ),
-    "fsdp_transformer_layer_cls_to_wrap": (cfg.text, "FSDP_TRANSFORMER_CLS_TO_WRAP"),
-    "fsdp_min_num_params": (cfg.non_negative_int, "FSDP_MIN_NUM_PARAMS"),
-    "fsdp_offload_params": (cfg.boolean, "FSDP_OFFLOAD_PARAMS"),
-    "fsdp_state_dict_type": (
+    "fsdp_transformer_layer_cls_to_wrap": Key(
+        cfg.text, "FSDP_TRANSFORMER_CLS_TO_WRAP", "layer class names, comma-separated (GPT2Block)"
+    ),
+    "fsdp_min_num_params": Key(
+        cfg.non_negative_int,
+        "FSDP_MIN_NUM_PARAMS",
+        "SIZE_BASED_WRAP: shard apart submodules with at least this many parameters",
+    ),
+    "fsdp_offload_params": Key(
+        cfg.boolean, "FSDP_OFFLOAD_PARAMS", "true|false: keep parameters on the CPU (CUDA runs)"
+    ),
+    "fsdp_state_dict_type": Key(
         cfg.choice("FULL_STATE_DICT", "SHARDED_STATE_DICT"),
         "FSDP_STATE_DICT_TYPE",
+        "FULL_STATE_DICT|SHARDED_STATE_DICT: one file, or a distributed checkpoint per process",
     ),
-    # FSDP1 tuning knobs FSDP2 does by itself: accepted so existing configs keep working.
-    "fsdp_backward_prefetch": (cfg.text, "FSDP_BACKWARD_PREFETCH"),
-    "fsdp_backward_prefetch_policy": (cfg.text, "FSDP_BACKWARD_PREFETCH"),
-    "fsdp_forward_prefetch": (cfg.boolean, "FSDP_FORWARD_PREFETCH"),
-    "fsdp_use_orig_params": (cfg.boolean, "FSDP_USE_ORIG_PARAMS"),
-    "fsdp_sync_module_states": (cfg.boolean, "FSDP_SYNC_MODULE_STATES"),
-    "fsdp_cpu_ram_efficient_loading": (cfg.boolean, "FSDP_CPU_RAM_EFFICIENT_LOADING"),
-    "fsdp_activation_checkpointing": (_never, "FSDP_ACTIVATION_CHECKPOINTING"),
+    "fsdp_backward_prefetch": Key(cfg.text, "FSDP_BACKWARD_PREFETCH", _FSDP1_ONLY),
+    "fsdp_backward_prefetch_policy": Key(cfg.text, "FSDP_BACKWARD_PREFETCH", _FSDP1_ONLY),
+    "fsdp_forward_prefetch": Key(cfg.boolean, "FSDP_FORWARD_PREFETCH", _FSDP1_ONLY),
+    "fsdp_use_orig_params": Key(cfg.boolean, "FSDP_USE_ORIG_PARAMS", _FSDP1_ONLY),
+    "fsdp_sync_module_states": Key(cfg.boolean, "FSDP_SYNC_MODULE_STATES", _FSDP1_ONLY),
+    "fsdp_cpu_ram_efficient_loading": Key(
+        cfg.boolean, "FSDP_CPU_RAM_EFFICIENT_LOADING", _FSDP1_ONLY
+    ),
+    "fsdp_activation_checkpointing": Key(
+        _never, "FSDP_ACTIVATION_CHECKPOINTING", "only false: not supported by accel-run"
+    ),
 }
 
 
@@ -101,7 +158,7 @@ class Backend:
             else "ACCELERATE_USE_FSDP": "true"
         }
         for key, value in self.values.items():
-            variable = keys[key][1]
+            variable = keys[key].variable
             if variable is not None:
                 env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
         if self.kind == "DEEPSPEED" and self.use_cpu:
@@ -109,9 +166,7 @@ class Backend:
         return env
 
 
-def _parse(
-    kind: str, keys: Mapping[str, tuple[Callable, str | None]], values: Mapping, flags: bool = False
-) -> Backend:
+def _parse(kind: str, keys: Mapping[str, Key], values: Mapping, flags: bool = False) -> Backend:
     """Validate a section (or the flags for one); errors name the key (or the flag)."""
     if not isinstance(values, Mapping):
         raise ValueError("must be a mapping of key: value")
@@ -123,7 +178,7 @@ def _parse(
         if value is None:
             continue
         try:
-            parsed[key] = keys[key][0](value)
+            parsed[key] = keys[key].parse(value)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
     return Backend(kind, parsed)
@@ -145,10 +200,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             f"--{name.replace('_', '-')}", f"--{name}", dest=name, action="store_true",
             help=f"train with {'DeepSpeed' if kind == 'DEEPSPEED' else 'FSDP2'}",
         )  # fmt: skip
-    for key in [*DEEPSPEED_KEYS, *FSDP_KEYS]:
+    for key, spec in [*DEEPSPEED_KEYS.items(), *FSDP_KEYS.items()]:
         if key in SHARED_FLAGS:
             continue
-        group.add_argument(f"--{key.replace('_', '-')}", f"--{key}", dest=key, metavar="VALUE")
+        flag = f"--{key.replace('_', '-')}"
+        group.add_argument(flag, f"--{key}", dest=key, metavar="VALUE", help=spec.help)
 
 
 def apply(settings: cfg.Settings, args: argparse.Namespace) -> cfg.Settings:
