@@ -3,7 +3,8 @@
 ``node.visit(visitor)`` and ``node.children`` rebuild every node they pass (libcst's
 ``_visit_and_replace_children`` constructs a new node even for a read-only visitor), so each full
 traversal costs about as much as the parse. :func:`walk` drives the same visitor hooks by reading
-the nodes' fields instead; it is for visitors, never for transformers.
+the nodes' fields instead, and leaves out whitespace and comments (half of all nodes, and no
+step or rule looks at them). It is for visitors, never for transformers.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ _SOURCE_ORDER: dict[type[cst.CSTNode], tuple[str, ...]] = {
     cst.With: ("asynchronous", "items", "body"),
 }
 _FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
+# Half the nodes of a script are whitespace; nothing here reads them, so no walk enters them.
+_LAYOUT = (
+    cst.BaseParenthesizableWhitespace,
+    cst.Newline,
+    cst.TrailingWhitespace,
+    cst.EmptyLine,
+    cst.Comment,
+)
 _NODE_TYPES: dict[type, bool] = {}
 
 
@@ -60,7 +69,8 @@ def _fields(kind: type[cst.CSTNode]) -> tuple[str, ...]:
 
 
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The direct children of ``node`` in source order, like ``node.children`` but free."""
+    """The direct children of ``node`` in source order, like ``node.children`` but free (and
+    without whitespace and comments)."""
     for name in _fields(type(node)):
         value = getattr(node, name)
         if isinstance(value, (tuple, list)):
@@ -97,10 +107,14 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor, *, fields: Collection[str] 
 
 
 def _is_node(kind: type) -> bool:
-    """``issubclass(kind, CSTNode)``, cached: the ABC's own check runs Python code per call."""
+    """Whether to walk into a value of type ``kind``: a node, but not whitespace or a comment.
+
+    Cached: the ``CSTNode`` ABC's own check runs Python code per call.
+    """
     found = _NODE_TYPES.get(kind)
     if found is None:
-        found = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+        found = issubclass(kind, cst.CSTNode) and not issubclass(kind, _LAYOUT)
+        _NODE_TYPES[kind] = found
     return found
 
 
