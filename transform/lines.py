@@ -12,6 +12,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 
 import libcst as cst
+
+# The codegen hooks PositionProvider itself subclasses; libcst exports no public name for them.
+# tests/convert/test_walk.py compares the lines with PositionProvider's on every fixture.
 from libcst._nodes.internal import CodegenState
 
 _NO_OP = nullcontext()
