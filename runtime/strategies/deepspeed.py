@@ -152,7 +152,9 @@ class DeepSpeed(Strategy):
                 weight_decay=d["weight_decay"],
                 adamw_mode=kind is torch.optim.AdamW,
             )
-        if kind is torch.optim.Adagrad and not d["maximize"]:
+        if kind is torch.optim.Adagrad and not (
+            d["maximize"] or d["lr_decay"] or d["initial_accumulator_value"]
+        ):
             from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
 
             return DeepSpeedCPUAdagrad(

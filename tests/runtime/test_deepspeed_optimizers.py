@@ -180,3 +180,33 @@ def test_placeholders_outside_deepspeed_are_refused() -> None:
     accelerator = Accelerator(cpu=True)
     with pytest.raises(ValueError, match="DummyOptim stands for what a DeepSpeed config declares"):
         accelerator.prepare(DummyOptim([torch.nn.Parameter(torch.zeros(1))]))
+
+
+@pytest.mark.parametrize(
+    ("build", "swapped"),
+    [
+        (lambda p: torch.optim.AdamW(p, lr=0.1, betas=(0.8, 0.9), weight_decay=0.2), True),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), False),
+        (lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01), False),  # CPU Adagrad has none
+    ],
+    ids=["adamw", "sgd", "adagrad-with-lr-decay"],
+)
+def test_offload_swaps_an_optimizer_only_for_the_same_algorithm(build, swapped: bool) -> None:
+    from accelify.runtime.strategies.deepspeed import DeepSpeed
+
+    strategy = object.__new__(DeepSpeed)  # only the config matters here
+    strategy.config = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+    original = build([torch.nn.Parameter(torch.zeros(2))])
+    if swapped:
+        offloaded = strategy._for_offload(original)
+        assert type(offloaded).__name__ == "DeepSpeedCPUAdam"
+        assert offloaded.adam_w_mode
+        assert offloaded.param_groups[0] is original.param_groups[0]  # schedulers still reach it
+        assert (offloaded.defaults["betas"], offloaded.defaults["weight_decay"]) == (
+            (0.8, 0.9),
+            0.2,
+        )
+    else:
+        with pytest.warns(UserWarning, match="steps .* with torch on the CPU"):
+            assert strategy._for_offload(original) is original
+        assert strategy.config["zero_force_ds_cpu_optimizer"] is False
