@@ -149,8 +149,8 @@ class Fill(NamedTuple):
 def _settle(config: dict[str, Any], fill: Fill, conflicts: list[str]) -> None:
     """Put ``fill`` where the config has nothing or ``"auto"``; note a contradiction."""
     current = get(config, fill.key)
-    value = fill.default if fill.value is None else fill.value
-    if current == AUTO or (current is None and value is not None):
+    if current in (None, AUTO):
+        value = fill.default if fill.value is None and current == AUTO else fill.value
         if value is not None:
             _put(config, fill.key, value)
     elif fill.value is not None and current != fill.value:

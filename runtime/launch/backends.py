@@ -48,34 +48,30 @@ class Key(NamedTuple):
     help: str
 
 
-def _ds(name: str, help: str) -> Key:
-    """A DeepSpeed launch option the runtime also reads (``deepspeed_config.OPTION_ENV``)."""
-    return Key(lambda value: dsc.parse_option(name, value), dsc.OPTION_ENV[name], help)
-
-
 _FSDP1_ONLY = "FSDP1 tuning that FSDP2 does by itself: accepted so existing configs load"
 _SSH_ONLY = "read by accelerate's ssh/MPI launchers only: accepted so their configs load"
+# The launch options the runtime also reads (``deepspeed_config.OPTION_ENV``), with their help.
+_DS_OPTION_HELP = {
+    "zero_stage": "0-3: shard optimizer states (1), + gradients (2), + parameters (3)",
+    "offload_optimizer_device": (
+        "none|cpu|nvme: where optimizer states live and are stepped (cpu: DeepSpeed's CPU Adam)"
+    ),
+    "offload_param_device": "none|cpu|nvme: where ZeRO-3 keeps the parameters between uses",
+    "gradient_clipping": "max gradient norm the engine clips to (unset: no clipping)",
+    "gradient_accumulation_steps": "micro-batches per optimizer step",
+    "zero3_save_16bit_model": "true|false: save_model gathers ZeRO-3's 16-bit weights",
+}
+
+
+def _ds_option(name: str) -> Callable[[object], Any]:
+    return lambda value: dsc.parse_option(name, value)
+
 
 DEEPSPEED_KEYS: dict[str, Key] = {
-    "zero_stage": _ds(
-        "zero_stage", "0-3: shard optimizer states (1), + gradients (2), + parameters (3)"
-    ),
-    "offload_optimizer_device": _ds(
-        "offload_optimizer_device",
-        "none|cpu|nvme: where optimizer states live and are stepped (cpu: DeepSpeed's CPU Adam)",
-    ),
-    "offload_param_device": _ds(
-        "offload_param_device", "none|cpu|nvme: where ZeRO-3 keeps the parameters between uses"
-    ),
-    "gradient_clipping": _ds(
-        "gradient_clipping", "max gradient norm the engine clips to (unset: no clipping)"
-    ),
-    "gradient_accumulation_steps": _ds(
-        "gradient_accumulation_steps", "micro-batches per optimizer step"
-    ),
-    "zero3_save_16bit_model": _ds(
-        "zero3_save_16bit_model", "true|false: save_model gathers ZeRO-3's 16-bit weights"
-    ),
+    **{
+        name: Key(_ds_option(name), dsc.OPTION_ENV[name], help)
+        for name, help in _DS_OPTION_HELP.items()
+    },
     "deepspeed_config_file": Key(
         cfg.text,
         dsc.CONFIG_FILE_ENV,
