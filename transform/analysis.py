@@ -130,17 +130,18 @@ class Analysis:
 
     def role(self, scope: Scope, key: str) -> Role | None:
         found = self.roles.get((self.owner(scope, key), key))
-        if found is None and not key.startswith("self.") and key not in scope.params:
-            # A name the function never binds is the enclosing module's global.
-            module = self.scopes[0]
-            if scope is not module and not self._binds(scope, key):
-                return self.roles.get((id(module.node), key))
+        if found is None and self.reads_global(scope, key):
+            return self.roles.get((id(self.scopes[0].node), key))
         return found
 
-    def _binds(self, scope: Scope, key: str) -> bool:
+    def reads_global(self, scope: Scope, key: str) -> bool:
+        """Whether ``key`` in ``scope`` is the module's global: a plain name the function
+        neither binds nor takes as a parameter."""
+        if key.startswith("self.") or key in scope.params or scope is self.scopes[0]:
+            return False
         if self._bound is None:  # asked for every role look-up: an index, not a scan
             self._bound = {(id(b.scope), b.key) for b in self.bindings}
-        return (id(scope), key) in self._bound
+        return (id(scope), key) not in self._bound
 
     def bindings_of(self, role: Role) -> Iterator[Binding]:
         for b in self.bindings:
@@ -421,10 +422,8 @@ class _RoleGiver:
     def __call__(self, scope: Scope, key: str, role: Role) -> bool:
         a = self.a
         slot = (a.owner(scope, key), key)
-        if scope.cls is None and not key.startswith("self.") and key not in scope.params:
-            module = a.scopes[0]
-            if scope is not module and not a._binds(scope, key):
-                slot = (id(module.node), key)  # a global used inside a function
+        if scope.cls is None and a.reads_global(scope, key):
+            slot = (id(a.scopes[0].node), key)  # a global used inside a function
         if slot in a.roles:
             return False
         a.roles[slot] = role
