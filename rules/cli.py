@@ -6,16 +6,23 @@ Exit codes: 0 nothing found, 1 findings (or, with --diff, fixes to show), 2 bad 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 from accelify.rules import config
 from accelify.rules.checks import all_rules
 from accelify.rules.formats import FORMATS, MACHINE, render_text
 from accelify.rules.rule import Rule
-from accelify.rules.runner import FileResult, Options, check_file
-from accelify.transform.console import EXIT_ERROR, EXIT_FOUND, EXIT_OK, VersionAction, console
+from accelify.rules.runner import Options, check_file
+from accelify.transform.console import (
+    EXIT_ERROR,
+    EXIT_FOUND,
+    EXIT_OK,
+    VersionAction,
+    console,
+    parallel_map,
+)
 from accelify.transform.sources import SourceError, iter_paths
 
 EXAMPLES = """\
@@ -116,17 +123,6 @@ def _options(args: argparse.Namespace, rules: list[type[Rule]]) -> Options:
     return Options(select, ignore, args.fix, args.unsafe_fixes, args.diff, settings)
 
 
-def _run(paths: list[str], options: Options, jobs: int) -> list[FileResult]:
-    if jobs == 0:
-        jobs = os.cpu_count() or 1
-    if jobs <= 1 or len(paths) < 2:
-        return [check_file(path, options) for path in paths]
-    from concurrent.futures import ProcessPoolExecutor  # only for --jobs: 15 ms of imports
-
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
-        return list(pool.map(check_file, paths, [options] * len(paths), chunksize=4))
-
-
 def run(argv: Sequence[str]) -> int:
     if argv and argv[0] == "rule":
         return _rule_command(argv[1:])
@@ -139,7 +135,7 @@ def run(argv: Sequence[str]) -> int:
     except SourceError as err:
         errors.print(str(err), markup=False)
         return EXIT_ERROR
-    results = _run(paths, options, args.jobs)
+    results = list(parallel_map(partial(check_file, options=options), paths, args.jobs))
     for result in results:
         for line in [*result.notes, *([result.error] if result.error else [])]:
             errors.print(line, markup=False)

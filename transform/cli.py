@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -137,7 +136,7 @@ def run(argv: Sequence[str]) -> int:
     report = _Report(quiet=args.quiet, dry=mode in ("diff", "check"))
     loaded = [_load(path) for path in iter_paths(args.paths)]
     sources = [item for item in loaded if isinstance(item, Source)]
-    results = _convert_all(sources, options, args.jobs or os.cpu_count() or 1)
+    results = term.parallel_map(partial(_convert_one, options=options), sources, args.jobs)
     for item in loaded:
         outcome = item if isinstance(item, SourceError) else next(results)
         if isinstance(outcome, SourceError):
@@ -185,20 +184,6 @@ def _convert_one(source: Source, options: Options) -> Result | SourceError:
         return convert(source.text, options, path=source.path)
     except SourceError as err:
         return err
-
-
-def _convert_all(
-    sources: list[Source], options: Options, workers: int
-) -> Iterator[Result | SourceError]:
-    """Results in input order, computed in ``workers`` processes when there is more than one."""
-    work = partial(_convert_one, options=options)
-    if workers == 1 or len(sources) < 2:
-        yield from map(work, sources)
-        return
-    from concurrent.futures import ProcessPoolExecutor  # 15 ms of start-up most runs never use
-
-    with ProcessPoolExecutor(min(workers, len(sources))) as pool:
-        yield from pool.map(work, sources)
 
 
 def _emit(mode: Mode, source: Source, result: Result, output: str | None) -> None:
