@@ -108,9 +108,15 @@ def _extra(failure: Failure) -> Mapping[str, Any]:
 def _summary(failure: Failure) -> str:
     if failure.error.get("message"):
         return str(failure.error["message"]).splitlines()[0]
-    if (failure.exitcode or 0) < 0:
-        return "no traceback: killed from outside (out of memory? a crash in native code?)"
-    return "no traceback: the process exited without raising (os._exit?)"
+    exitcode = failure.exitcode or 0
+    if exitcode >= 0:
+        return "no traceback: the process exited without raising (os._exit?)"
+    if -exitcode in _STOP_SIGNALS:
+        return "no traceback: stopped (by the launcher once a rank failed, or from outside)"
+    if -exitcode == signal.SIGKILL:
+        return "no traceback: killed from outside (out of memory?)"
+    # SIGABRT, SIGSEGV, ...: a C++ abort ("terminate called ...") or a crash, printed just before.
+    return "no traceback: crashed in native code (its last output, above, says how)"
 
 
 def _how(failure: Failure) -> str:

@@ -56,3 +56,23 @@ def test_an_exit_code_without_traceback_is_passed_on() -> None:
     report = describe([Failure(0, 3, 9), Failure(1, -signal.SIGTERM, 10)], "notebook_launcher")
     assert report.text.startswith("notebook_launcher: rank 0 failed first (exit code 3, pid 9):")
     assert report.exit_code == 3
+
+
+def test_each_signal_says_what_it_usually_means() -> None:
+    report = describe(
+        [Failure(1, -signal.SIGABRT, 7), Failure(0, -signal.SIGTERM, 6), Failure(2, -9, 8)],
+        "accel-run",
+    )
+    lines = report.text.splitlines()
+    assert lines[:2] == [
+        "accel-run: rank 1 failed first (killed by SIGABRT, pid 7):",
+        "  no traceback: crashed in native code (its last output, above, says how)",
+    ]
+    assert lines[2].endswith(
+        "(killed by SIGTERM, pid 6): no traceback: stopped (by the launcher "
+        "once a rank failed, or from outside)"
+    )
+    assert lines[3].endswith(
+        "(killed by SIGKILL, pid 8): no traceback: killed from outside (out of memory?)"
+    )
+    assert report.exit_code == 128 + signal.SIGABRT
