@@ -78,6 +78,11 @@ class DeepSpeed(Strategy):
             raise ValueError("DeepSpeed takes one optimizer; prepare it with its model")
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
+        if isinstance(scheduler, DummyScheduler) and optimizer is None:
+            raise ValueError(
+                "DeepSpeed builds the DummyScheduler's schedule on the engine's optimizer: "
+                "prepare it in one call with the model and its optimizer"
+            )
         self.config = self._config(objects, training, optimizer, scheduler)
         os.environ.setdefault("DS_ACCELERATOR", self.state.device.type)
         import deepspeed

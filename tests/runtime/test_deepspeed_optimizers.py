@@ -182,6 +182,17 @@ def test_placeholders_outside_deepspeed_are_refused() -> None:
         accelerator.prepare(DummyOptim([torch.nn.Parameter(torch.zeros(1))]))
 
 
+def test_a_declared_schedule_needs_its_optimizer_in_the_same_prepare() -> None:
+    from accelify.runtime.strategies.deepspeed import DeepSpeed
+
+    strategy = object.__new__(DeepSpeed)  # refused before any engine or config is built
+    strategy.engine = None
+    model = torch.nn.Linear(1, 1)
+    schedule = DummyScheduler(DummyOptim(model.parameters()), total_num_steps=10)
+    with pytest.raises(ValueError, match="prepare it in one call with the model and its optimizer"):
+        strategy.setup([model, schedule], training=None)
+
+
 @pytest.mark.parametrize(
     ("build", "swapped"),
     [
