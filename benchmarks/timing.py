@@ -59,7 +59,8 @@ def run(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float = 
         check=False,
     )
     if result.returncode not in (0, 1):  # 1: linters and --check report findings
-        tail = (result.stderr or result.stdout).strip().splitlines()[-6:]  # a native crash's own line too
+        # Six lines: enough to keep a native crash's own message above the launcher's report.
+        tail = (result.stderr or result.stdout).strip().splitlines()[-6:]
         raise CommandFailed(f"{cmd[0]} exited {result.returncode}: {' | '.join(tail)}")
     return result.stdout
 
