@@ -97,7 +97,7 @@ def _raw(args: argparse.Namespace, model: nn.Module, data: TensorDataset):
             optimizer.zero_grad()
 
     # No destroy_process_group: called right after DDP's last gloo all-reduce it kills a rank
-    # now and then ("terminate called without an active exception", 1 run in 60 here), and a
+    # now and then ("terminate called without an active exception", 1 of 30 runs here), and a
     # hand-written loop has no store-side barrier to call first. Process exit tears it down.
     quiet = distributed and torch.distributed.get_rank() != 0
     return step, _batches(loader, sampler), quiet, lambda: None
