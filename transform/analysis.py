@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accelify.transform.lines import start_lines
+from accelify.transform.names import NameCollector, Names
 from accelify.transform.patterns import (
     CLOSURE_OPTIMIZERS,
     Role,
@@ -78,18 +79,20 @@ class Binding:
 
 @dataclass(eq=False)
 class Loop:
-    """A ``for`` over something; the batch names are the names its target binds."""
+    """A ``for`` (over something) or a ``while``; the batch names are what its target binds."""
 
-    node: cst.For
+    node: cst.For | cst.While
     scope: Scope
-    iterable: str | None  # the loader's key, when the loop walks a plain name
+    iterable: str | None  # the loader's key, when a ``for`` walks a plain name
     batch_names: set[str]
-    trains: bool = False  # a ``.backward()`` runs inside
+    trains: bool = False  # a ``.backward()`` runs inside, in this function
+    iterables: tuple[str, ...] = ()  # every loader a ``for`` walks (``zip(a, b)`` walks two)
 
 
 @dataclass
 class Analysis:
     module: cst.Module
+    names: Names = field(default_factory=Names)
     scopes: list[Scope] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
@@ -102,6 +105,12 @@ class Analysis:
     model_classes: set[str] = field(default_factory=set)
     functions: dict[str, Scope] = field(default_factory=dict)  # module-level defs and methods
     calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)
+    # ``(... for x in loader)`` and friends: (comprehension's for, scope, the walked name's key).
+    comprehensions: list[tuple[cst.CompFor, Scope, str]] = field(default_factory=list)
+    # ``x += ...`` targets (the name) with their scope: running sums and counters.
+    augmented: list[tuple[str, Scope]] = field(default_factory=list)
+    # ``x.attr`` / ``self.x.attr`` reads of names the analysis can track, with their scope.
+    attributes: list[tuple[cst.Attribute, Scope]] = field(default_factory=list)
     _lines: dict[int, int] | None = field(default=None, repr=False)
     _bound: set[tuple[int, str]] | None = field(default=None, repr=False)
 
@@ -120,6 +129,8 @@ class Analysis:
         self._bound = None
         self.loops = [lp for lp in self.loops if lp.scope not in scopes]
         self.calls = [c for c in self.calls if c[1] not in scopes]
+        self.attributes = [x for x in self.attributes if x[1] not in scopes]
+        self.comprehensions = [x for x in self.comprehensions if x[1] not in scopes]
         self.backward_calls = [c for c in self.backward_calls if c[1] not in scopes]
 
     def owner(self, scope: Scope, key: str) -> int:
@@ -213,6 +224,17 @@ def loop_iterable(iterable: cst.BaseExpression) -> cst.BaseExpression:
     return iterable
 
 
+def zipped(iterable: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``zip(a, tqdm(b))`` -> ``[a, b]``; anything else -> ``[iterable]``."""
+    if (
+        isinstance(iterable, cst.Call)
+        and callee_name(iterable) == "zip"
+        and all(arg.keyword is None and not arg.star for arg in iterable.args)
+    ):
+        return [loop_iterable(arg.value) for arg in iterable.args]
+    return [iterable]
+
+
 def mentions(node: cst.CSTNode, keys: set[str]) -> bool:
     """Whether ``node`` reads any of ``keys`` (names, or ``self.x`` attributes)."""
     finder = _KeyFinder(keys)
@@ -262,11 +284,12 @@ def analyse(module: cst.Module) -> Analysis:
     return analysis
 
 
-class _Collector(Visitor):
-    """Records scopes, assignments, loops, backward calls and parent links in one traversal."""
+class _Collector(NameCollector):
+    """Records scopes, imports, assignments, loops, backward calls and parent links in one
+    traversal."""
 
     def __init__(self, analysis: Analysis) -> None:
-        super().__init__()
+        super().__init__(analysis.names)
         self.a = analysis
         self.stack: list[cst.CSTNode] = []
         self.scopes: list[Scope] = []
@@ -293,6 +316,7 @@ class _Collector(Visitor):
         self.scopes.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        super().visit_ClassDef(node)
         self.classes.append(node)
         bases = {dotted_name(b.value) or "" for b in node.bases}
         if any(b.split(".")[-1] in {"Module", "PreTrainedModel"} for b in bases) or (
@@ -304,6 +328,7 @@ class _Collector(Visitor):
         self.classes.pop()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
         cls = self.classes[-1] if self.classes and self._directly_in_class(node) else None
         scope = Scope(node, self.scopes[-1], cls)
         self._enter(scope)
@@ -335,6 +360,15 @@ class _Collector(Visitor):
             else:
                 for name in target_names(target.target):
                     self._bind(name, node, None)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        key = key_of(loop_iterable(node.iter))
+        if key is not None:
+            self.a.comprehensions.append((node, self.scopes[-1], key))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if (key := key_of(node.target)) is not None:
+            self.a.augmented.append((key, self.scopes[-1]))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if (key := key_of(node.target)) is not None:
@@ -372,16 +406,30 @@ class _Collector(Visitor):
             and len(node.target.elements) == 2
         ):
             batch_target = node.target.elements[1].value
-        loop = Loop(node, self.scopes[-1], key_of(iterable), set(target_names(batch_target)))
+        walked = tuple(k for it in zipped(iterable) if (k := key_of(it)) is not None)
+        key = key_of(iterable)
+        loop = Loop(node, self.scopes[-1], key, set(target_names(batch_target)), iterables=walked)
         self.a.loops.append(loop)
         self.loops.append(loop)
 
     def leave_For(self, original_node: cst.For) -> None:
         self.loops.pop()
 
+    def visit_While(self, node: cst.While) -> None:
+        loop = Loop(node, self.scopes[-1], None, set())
+        self.a.loops.append(loop)
+        self.loops.append(loop)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.loops.pop()
+
     def _innermost_loop(self) -> Loop | None:
         """The innermost ``for`` of the current function (``None`` marks a function boundary)."""
         return self.loops[-1] if self.loops else None
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if key_of(node.value) is not None:
+            self.a.attributes.append((node, self.scopes[-1]))
 
     def visit_Call(self, node: cst.Call) -> None:
         scope = self.scopes[-1]
@@ -400,7 +448,7 @@ def _infer_roles(a: Analysis) -> None:
     give = _RoleGiver(a)
     _roles_from_constructors(a, give)
     _roles_from_usage(a, give)
-    links = list(_call_links(a))
+    links = list(call_links(a))
     changed = True
     while changed:  # call sites, both ways, until nothing changes
         changed = False
@@ -435,8 +483,8 @@ def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
         if b.value is None:
             continue
         base = unwrap_moves(b.value)
-        name = callee_name(base) if isinstance(base, cst.Call) else None
-        role = constructor_role(base)
+        name = a.names.last_part(base.func) if isinstance(base, cst.Call) else None
+        role = constructor_role(base, a.names)
         if role is None and name in a.model_classes:
             role = Role.MODEL
         if role is None and name in CLOSURE_OPTIMIZERS:
@@ -450,10 +498,9 @@ def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
 def _roles_from_usage(a: Analysis, give: _RoleGiver) -> None:
     """``opt(model.parameters())``, ``for batch in loader``, ``x.step()``, bare ``x.to(device)``."""
     for call, scope in a.calls:
-        if constructor_role(call) is Role.OPTIMIZER or callee_name(call) in CLOSURE_OPTIMIZERS:
-            first = call.args[0].value if call.args else None
-            params = method_call(first, "parameters", "named_parameters") if first else None
-            if params is not None and (key := key_of(params.func.value)) is not None:  # type: ignore[union-attr]
+        role = constructor_role(call, a.names)
+        if role is Role.OPTIMIZER or a.names.last_part(call.func) in CLOSURE_OPTIMIZERS:
+            for key in optimized_models(a, scope, call) or ():
                 give(scope, key, Role.MODEL)
     for loop in a.loops:
         key = loop.iterable
@@ -471,9 +518,87 @@ def _roles_from_usage(a: Analysis, give: _RoleGiver) -> None:
             give(scope, key, Role.OPTIMIZER)
         elif method in {"to", "cuda"} and isinstance(a.parent(call), cst.Expr):
             give(scope, key, Role.MODEL)  # a bare ``x.to(device)`` only makes sense on a module
+        elif method in {"train", "eval"} and not call.args and isinstance(a.parent(call), cst.Expr):
+            give(scope, key, Role.MODEL)  # ``model.train()``: only modules switch modes
 
 
-def _call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
+_PARAMETERS = ("parameters", "named_parameters")
+
+
+def optimized_models(
+    a: Analysis, scope: Scope, optimizer: cst.Call, partly: set[str] | None = None
+) -> set[str] | None:
+    """The modules whose parameters an optimizer is built from, or None when that cannot be read.
+
+    Reads ``m.parameters()``, ``list(a.parameters()) + list(b.parameters())``, param groups,
+    ``filter(..., m.parameters())``, ``m.fc.parameters()`` (the module is ``m``, and goes into
+    ``partly``: only part of it is trained) and a local name bound to such an expression.
+    """
+    first = optimizer.args[0] if optimizer.args else None
+    if first is None or (first.keyword is not None and first.keyword.value != "params"):
+        return None
+    reader = _ParameterReader(a, scope)
+    if not reader.read(first.value, 0):
+        return None
+    if partly is not None:
+        partly |= reader.partly
+    return reader.found
+
+
+class _ParameterReader:
+    """Follows an optimizer's ``params`` expression down to the modules it comes from."""
+
+    def __init__(self, a: Analysis, scope: Scope) -> None:
+        self.a, self.scope = a, scope
+        self.found: set[str] = set()
+        self.partly: set[str] = set()
+
+    def read(self, expr: cst.CSTNode, depth: int) -> bool:
+        """Add the modules ``expr`` takes parameters from; False when part of it is unreadable."""
+        call = method_call(expr, *_PARAMETERS)
+        if call is not None:
+            return self._module(call.func.value)  # type: ignore[union-attr]
+        if isinstance(expr, cst.Name) and depth < 3:  # params = [...]; SGD(params)
+            values = [
+                b.value
+                for b in self.a.bindings
+                if b.scope is self.scope and b.key == expr.value and b.value
+            ]
+            return bool(values) and all(self.read(v, depth + 1) for v in values)
+        if isinstance(expr, cst.Call):  # list(...), itertools.chain(...), filter(f, ...)
+            parts = [arg.value for arg in expr.args if not isinstance(arg.value, cst.Lambda)]
+            return bool(parts) and all(self.read(part, depth) for part in parts)
+        if isinstance(expr, cst.BinaryOperation):
+            return self.read(expr.left, depth) and self.read(expr.right, depth)
+        if isinstance(expr, cst.List | cst.Tuple):
+            return all(self.read(e.value, depth) for e in expr.elements)
+        if isinstance(expr, cst.Dict):  # a param group: its "params"
+            params = [
+                e.value
+                for e in expr.elements
+                if isinstance(e, cst.DictElement)
+                and isinstance(e.key, cst.SimpleString)
+                and e.key.evaluated_value == "params"
+            ]
+            return len(params) == 1 and self.read(params[0], depth)
+        if isinstance(expr, cst.ListComp | cst.GeneratorExp):
+            return self.read(expr.for_in.iter, depth)
+        return False
+
+    def _module(self, owner: cst.BaseExpression) -> bool:
+        whole = True
+        while isinstance(owner, cst.Attribute) and key_of(owner) is None:
+            owner, whole = owner.value, False  # ``model.fc.parameters()`` trains part of it
+        key = key_of(owner)
+        if key is None:
+            return False
+        self.found.add(key)
+        if not whole:
+            self.partly.add(key)
+        return True
+
+
+def call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
     """(caller scope, argument name, callee scope, parameter name) for same-file calls."""
     for call, scope in a.calls:
         name = dotted_name(call.func)

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelify.transform.analysis import analyse
+from accelify.transform.analysis import Analysis, Binding, analyse, optimized_models
 from accelify.transform.edits import apply
+from accelify.transform.gate import file_verdict
+from accelify.transform.patterns import Role
 from accelify.transform.plan import Note, Options, Plan
-from accelify.transform.setup import find_setup
+from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError
 from accelify.transform.steps import STEPS
 
@@ -35,6 +37,11 @@ class Result:
     @property
     def manual(self) -> tuple[Note, ...]:
         return tuple(n for n in self.notes if n.manual)
+
+    @property
+    def reasons(self) -> tuple[Note, ...]:
+        """The notes that say why something was left as it was (every note that is not a change)."""
+        return tuple(n for n in self.notes if n.manual or n.info)
 
 
 def parse(source: str, path: str) -> cst.Module:
@@ -71,36 +78,75 @@ def _check_valid(code: str, path: str) -> None:
         ) from None
 
 
-def _refuse_unreachable_training(plan: Plan) -> None:
-    """Convert all of a setup or none of it: a training step the accelerator cannot be handed to
+def _refuse_training_elsewhere(plan: Plan) -> None:
+    """Convert all of a setup or none of it: a training step that does not run from the setup
     (objects built in a factory, trained in a class) would be left half-converted and wrong."""
     setup = plan.setup
-    if setup is None or setup.exists:
+    if setup is None:
         return
     for call, scope, _loop in plan.analysis.backward_calls:
-        if plan.accelerator(call, borrow=False) is None:
-            plan.needs_human(
+        if scope not in setup.reach:
+            raise Refused(
                 call,
-                f"left unchanged: this training step in {scope.name}() cannot be handed the "
-                f"accelerator of the objects built in {setup.scope.name}(); convert by hand",
+                f"this training step in {scope.name}() does not run from "
+                f"{setup.scope.name}(), where its objects are built; convert by hand",
             )
-            plan.setup = None
-            return
 
 
 def convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
     """Convert one script's source text; raise :class:`SourceError` on input we cannot parse."""
     module = parse(source, path)
     analysis = analyse(module)
+    verdict = file_verdict(analysis, analysis.names)
+    if verdict is not None:
+        note = Note(analysis.line(verdict.node), verdict.reason, manual=not verdict.skip,
+                    info=verdict.skip)  # fmt: skip
+        return Result(code=source, notes=(note,), original=source)
     setup, refusals = find_setup(analysis)
     plan = Plan(analysis, options or Options(), setup)
+    try:
+        _refuse_training_elsewhere(plan)
+        for step in STEPS:
+            step(plan)
+    except Refused as refused:
+        plan = Plan(analysis, plan.options, None)
+        plan.needs_human(refused.node, f"left unchanged: {refused.reason}")
     for node, reason in refusals:
-        plan.needs_human(node, f"left unchanged: {reason}")
-    _refuse_unreachable_training(plan)
-    for step in STEPS:
-        step(plan)
+        plan.needs_human(node, reason)
+    if not plan.edits and not plan.notes:
+        _explain_no_setup(plan)
     # Nothing to change: libcst would print the source back byte for byte, at a fifth of a parse.
     code = apply(module, plan.edits, analysis.parents).code if plan.edits else source
     if code != source:
         _check_valid(code, path)
     return Result(code=code, notes=tuple(sorted(set(plan.notes))), original=source)
+
+
+def _explain_no_setup(plan: Plan) -> None:
+    """A file with training code that was left alone always says why."""
+    a: Analysis = plan.analysis
+    if not a.backward_calls:
+        return
+    call, scope, _loop = a.backward_calls[0]
+    where = "this file" if scope.is_module else f"{scope.name}()"
+    optimizers = [b for b in a.bindings if a.role(b.scope, b.key) is Role.OPTIMIZER]
+    if not optimizers:
+        why = "no optimizer steps this training (it updates its parameters by hand)"
+    elif not any(_takes_parameters(a, b) for b in optimizers):
+        why = "its optimizer trains tensors, not a model's parameters"
+    else:
+        why = (
+            f"its model and optimizer are not both built in {where} or in a function that "
+            "calls it; convert the script that builds them"
+        )
+    plan.info(call, f"left unchanged: {why}")
+
+
+def _takes_parameters(a: Analysis, optimizer: Binding) -> bool:
+    """Whether an optimizer is built from some module's ``parameters()``."""
+    value = optimizer.value
+    if not isinstance(value, cst.Call):
+        return True  # built elsewhere: say nothing about it
+    if optimized_models(a, optimizer.scope, value):
+        return True
+    return "parameters(" in a.module.code_for_node(value)

@@ -8,7 +8,7 @@ inner edits already applied: a wrapped loop body still gets its ``accelerator.ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -142,27 +142,37 @@ class _Applier(cst.CSTTransformer):
     ) -> cst.Module | cst.IndentedBlock:
         body: list[cst.BaseStatement] = []
         spans: dict[int, tuple[int, int]] = {}  # id(original) -> where its output sits in body
-        blank: tuple[cst.EmptyLine, ...] = ()  # blank lines above a removed statement
+        # Lines above removed statements (blank ones and own-line comments): they go to the next
+        # statement, so a comment never disappears with the line below it.
+        pending: list[cst.EmptyLine] = []
         for old, new in zip(original.body, updated.body, strict=True):
             emitted = [*self.edits.before.get(id(old), ())]
             start = len(body) + len(emitted)
+            footer: Sequence[cst.EmptyLine] = ()
             if id(old) in self.edits.removals:
-                blank = blank or tuple(ln for ln in old.leading_lines if ln.comment is None)
+                pending.extend(old.leading_lines)
             elif id(old) in self.edits.unwraps:
-                inner = list(new.body.body)  # type: ignore[attr-defined]
-                inner[0] = inner[0].with_changes(leading_lines=new.leading_lines)
+                block = new.body  # type: ignore[attr-defined]
+                inner = list(block.body)
+                lines = [*new.leading_lines, *inner[0].leading_lines]
+                inner[0] = inner[0].with_changes(leading_lines=lines)
                 emitted.extend(inner)
+                footer = block.footer
             else:
                 emitted.append(new)
             spans[id(old)] = (start, len(body) + len(emitted) - 1)
             emitted.extend(self.edits.after.get(id(old), ()))
-            if emitted and blank:
-                emitted[0] = _with_blank_lines(emitted[0], blank)
-                blank = ()
+            if emitted and pending:
+                emitted[0] = _with_lines(emitted[0], pending)
+                pending = []
             body.extend(emitted)
+            pending.extend(footer)
         body = self._wrap(spans, body)
         if not body and isinstance(updated, cst.IndentedBlock):
             body = [cst.SimpleStatementLine([cst.Pass()])]
+        comments = [line for line in pending if line.comment is not None]
+        if comments:  # removed at the end of the block: the comments stay at its end
+            updated = updated.with_changes(footer=[*comments, *updated.footer])
         return updated.with_changes(body=body)
 
     def _wrap(
@@ -184,10 +194,15 @@ class _Applier(cst.CSTTransformer):
         return body
 
 
-def _with_blank_lines(
-    statement: cst.BaseStatement, blank: tuple[cst.EmptyLine, ...]
-) -> cst.BaseStatement:
-    """Keep the spacing of a removed statement on the one that takes its place."""
-    if statement.leading_lines:
-        return statement
-    return statement.with_changes(leading_lines=blank)
+def _with_lines(statement: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.BaseStatement:
+    """Give ``statement`` the lines that were above removed statements before it.
+
+    Comments always move (above the statement's own lines); blank lines only fill in where the
+    statement had no spacing of its own, so paragraphs keep one separating line.
+    """
+    own = list(statement.leading_lines)
+    if not any(line.comment is not None for line in lines):
+        return statement if own else statement.with_changes(leading_lines=lines)
+    while lines and lines[-1].comment is None and own:
+        lines = lines[:-1]
+    return statement.with_changes(leading_lines=[*lines, *own])

@@ -1,16 +1,23 @@
 """The vocabulary shared by the converter and the linter: which calls build which training objects.
 
-Matching is by the last component of a dotted name (``torch.optim.AdamW`` and ``AdamW`` alike),
-because scripts import these names in every possible way and a wrong guess here only costs a
-missed conversion, never a wrong one: every step also checks how the name is used.
+Without the file's imports, matching is by the last component of a dotted name
+(``torch.optim.AdamW`` and ``AdamW`` alike). With them (:class:`~accelify.transform.names.Names`),
+the names whose namesakes matter are checked against their package: only torch's ``DataLoader``
+is a loader ``prepare()`` shards, and ``from_pretrained`` builds a model only for a model class
+(a tokenizer or a config built the same way is not one).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import libcst as cst
+
+if TYPE_CHECKING:
+    from accelify.transform.names import Names
 
 
 class Role(str, Enum):
@@ -61,6 +68,9 @@ ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
 
 
 _DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})
+_DEVICE_CALLS = frozenset(
+    {"torch.device", "device", "torch.accelerator.current_accelerator", "current_accelerator"}
+)
 
 
 def is_device(expr: cst.BaseExpression, *, by_name: bool = True) -> bool:
@@ -72,7 +82,9 @@ def is_device(expr: cst.BaseExpression, *, by_name: bool = True) -> bool:
     if isinstance(expr, cst.IfExp):
         return is_device(expr.body, by_name=by_name) and is_device(expr.orelse, by_name=by_name)
     if isinstance(expr, cst.Call):
-        return dotted_name(expr.func) in {"torch.device", "device"}
+        return dotted_name(expr.func) in _DEVICE_CALLS
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "type":
+        return isinstance(expr.value, cst.Call) and dotted_name(expr.value.func) in _DEVICE_CALLS
     name = dotted_name(expr) if by_name else None
     return name is not None and "device" in name.rsplit(".", 1)[-1].lower()
 
@@ -126,13 +138,33 @@ def callee_name(call: cst.Call) -> str | None:
     return None
 
 
-def constructor_role(value: cst.BaseExpression) -> Role | None:
-    """The role of the object a call builds, judged by the called name alone."""
-    if isinstance(value, cst.Call):
-        name = callee_name(value)
-        if name is not None:
-            return ROLE_OF_CONSTRUCTOR.get(name)
-    return None
+# ``AutoModelForCausalLM``, ``BertForSequenceClassification``, ``AutoencoderKL``, ...: not a
+# tokenizer, a processor, a config or a noise scheduler, which load the same way.
+_MODEL_CLASS = re.compile(r"Model|For[A-Z]|^Autoencoder")
+# Where a loader that prepare() can shard comes from, and the modules of torch's containers.
+_TORCH = ("torch",)
+
+
+def constructor_role(value: cst.BaseExpression, names: Names | None = None) -> Role | None:
+    """The role of the object a call builds: by the called name, checked against the file's
+    imports when ``names`` is given."""
+    if not isinstance(value, cst.Call):
+        return None
+    name = names.last_part(value.func) if names is not None else callee_name(value)
+    role = ROLE_OF_CONSTRUCTOR.get(name) if name is not None else None
+    if role is None or names is None:
+        return role
+    func = value.func
+    if role is Role.DATALOADER:
+        return role if names.refers_to(func, _TORCH, "DataLoader") else None
+    if name in {"from_pretrained", "from_config"}:
+        owner = func.value if isinstance(func, cst.Attribute) else None
+        owner_name = dotted_name(owner) if owner is not None else None
+        last = owner_name.rsplit(".", 1)[-1] if owner_name else ""
+        return role if _MODEL_CLASS.search(last) else None
+    if name in {"Sequential", "ModuleList"}:
+        return role if names.refers_to(func, _TORCH, name) else None
+    return role
 
 
 def method_call(node: cst.CSTNode, *methods: str) -> cst.Call | None:

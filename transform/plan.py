@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -11,7 +10,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope
 from accelify.transform.edits import Edits
-from accelify.transform.setup import ACCELERATOR, Setup, reachable
+from accelify.transform.setup import ACCELERATOR, Refused, Setup
 
 Target = Literal["accelify", "accelerate"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
@@ -28,11 +27,13 @@ class Options:
 
 @dataclass(frozen=True, order=True)
 class Note:
-    """One line of the report: a change made, or code left alone that needs a human."""
+    """One line of the report: a change made, code left alone that needs a human (``manual``),
+    or why something was left as it is with nothing to do about it (``info``)."""
 
     line: int
     message: str
     manual: bool = False
+    info: bool = False
 
 
 @dataclass
@@ -50,12 +51,17 @@ class Plan:
     # Functions other than the setup scope that use the accelerator and must be handed it.
     borrowers: set[Scope] = field(default_factory=set)
     accumulating: set[int] = field(default_factory=set)  # ids of loops given an accumulate block
+    unwrapped: set[int] = field(default_factory=set)  # ids of step ``if``s dissolved into it
+    shadowed: set[str] = field(default_factory=set)  # module devices given a local in the setup
 
     def changed(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message))
 
     def needs_human(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message, manual=True))
+
+    def info(self, node: cst.CSTNode, message: str) -> None:
+        self.notes.append(Note(self.analysis.line(node), message, info=True))
 
     def remove(self, statement: cst.CSTNode | None) -> None:
         """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
@@ -71,30 +77,48 @@ class Plan:
         ):
             self.remove(owner)
 
-    def accelerator(self, node: cst.CSTNode, *, borrow: bool = True) -> cst.BaseExpression | None:
-        """How code at ``node`` reaches the accelerator, or None when it cannot.
+    def accelerator(
+        self, node: cst.CSTNode, *, optional: bool = False, borrow: bool = True
+    ) -> cst.BaseExpression | None:
+        """How code at ``node`` reaches the accelerator.
 
-        With ``borrow`` (what steps that use the answer want), a function that has to be handed
-        the accelerator is recorded so that the thread step adds the parameter.
+        Code that runs before the accelerator exists, or where it cannot be handed over (a
+        method of another class, a nested function, a function also called from elsewhere),
+        cannot. Then an ``optional`` edit (a print) is skipped (None); any other raises
+        :class:`Refused` and the whole setup stays as it is. With ``borrow``, a function that
+        has to be handed the accelerator is recorded so that the thread step adds the parameter.
         """
         setup = self.setup
         if setup is None:
             return None
-        scope = self.analysis.scope_of[id(node)]
+        a = self.analysis
+        scope = a.scope_of[id(node)]
+        point = setup.create_at or setup.prepare_at
+        if point is not None and not setup.timeline.after(point, node):
+            return self._unreachable(node, optional, "runs before the accelerator exists")
         if setup.on_self:
-            return cst.parse_expression(setup.accelerator) if scope.cls is setup.scope.cls else None
+            if scope.cls is setup.scope.cls:
+                return cst.parse_expression(setup.accelerator)
+            return self._unreachable(node, optional, f"is outside {setup.scope.name}()'s class")
         if scope is setup.scope or setup.scope.is_module:
-            return cst.parse_expression(setup.accelerator)
-        if scope.cls is not None or scope.parent is not self.analysis.scopes[0]:
-            return None  # methods and nested functions are not handed the accelerator
+            return cst.Name(ACCELERATOR)
+        if scope.cls is not None or scope.parent is not a.scopes[0]:
+            return self._unreachable(node, optional, f"cannot be handed to {scope.name}()")
         if borrow and ACCELERATOR not in scope.params:
             self.borrowers.add(scope)
         return cst.Name(ACCELERATOR)
 
-    @functools.cached_property
+    def _unreachable(self, node: cst.CSTNode, optional: bool, why: str) -> None:
+        if optional:
+            return None
+        scope = self.analysis.scope_of[id(node)]
+        where = "this code" if scope.is_module else f"this code in {scope.name}()"
+        raise Refused(node, f"{where} needs the accelerator but {why}")
+
+    @property
     def training(self) -> set[Scope]:
         """The setup scope and the functions and methods its training runs through."""
-        return reachable(self.analysis, self.setup.scope) if self.setup is not None else set()
+        return self.setup.reach if self.setup is not None else set()
 
     def training_calls(self) -> Iterator[tuple[cst.Call, Scope]]:
         """Every call made in training code, with its scope."""

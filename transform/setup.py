@@ -1,119 +1,154 @@
-"""Where the accelerator lives, what it prepares, and what makes a script unsafe to convert.
+"""The training setup: the scope that builds the optimizer, what ``prepare()`` wraps, and where.
 
-A *training setup* is the scope (module, function or method) that builds a model and its
-optimizer. The accelerator is created there, the objects are prepared there, and every other
-function that needs the accelerator receives it from there.
+A *training setup* is a scope (module, function or method) that builds an optimizer for a model
+it has, and from which a training step (a ``.backward()``) runs. The accelerator is created
+there, the objects are prepared there, and every other function that needs the accelerator
+receives it from there. Everything this module cannot show right raises :class:`Refused`: the
+setup is then left unchanged as a whole, with the reason and its line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelify.transform.analysis import TRAINING_ROLES, Analysis, Binding, Scope
-from accelify.transform.patterns import CLOSURE_OPTIMIZERS, Role, callee_name, dotted_name
+from accelify.transform.analysis import (
+    TRAINING_ROLES,
+    Analysis,
+    Binding,
+    Loop,
+    Scope,
+    call_links,
+    key_of,
+    optimized_models,
+)
+from accelify.transform.flow import Point, Timeline
+from accelify.transform.patterns import (
+    CLOSURE_OPTIMIZERS,
+    Role,
+    callee_name,
+    constructor_role,
+    dotted_name,
+    method_call,
+)
+from accelify.transform.walk import Visitor, walk
 
 ACCELERATOR = "accelerator"
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
 
-# Calls that mean the script already does its own distribution: converting would double it.
-_HAND_DISTRIBUTED = {
-    "DataParallel": "nn.DataParallel",
-    "DistributedDataParallel": "DistributedDataParallel",
-    "init_process_group": "hand-written torch.distributed",
-    "DistributedSampler": "a DistributedSampler",
-}
+
+class Refused(Exception):
+    """The setup cannot be converted correctly; ``reason`` says why, ``node`` where."""
+
+    def __init__(self, node: cst.CSTNode, reason: str) -> None:
+        super().__init__(reason)
+        self.node, self.reason = node, reason
 
 
 @dataclass(eq=False)
 class Setup:
     scope: Scope
     accelerator: str  # how code in ``scope`` names it: "accelerator" or "self.accelerator"
-    exists: bool  # the script already creates it
-    prepared: list[Binding] = field(default_factory=list)  # what prepare() will wrap
-    already_prepared: set[str] = field(default_factory=set)
-    unprepared: list[Binding] = field(default_factory=list)  # built conditionally: left to a human
+    timeline: Timeline
+    reach: set[Scope]  # the scope and every function or method its training runs through
+    prepared: list[Binding] = field(default_factory=list)  # what prepare() wraps, in its order
+    prepare_at: Point | None = None  # None: a snippet that builds nothing (found at emission)
+    create_at: Point | None = None  # final once the accelerator's arguments are known
+    loaders: set[str] = field(default_factory=set)  # prepared loaders (keys of ``scope``)
+    kept_loaders: dict[str, Binding] = field(default_factory=dict)  # evaluation only
+    unsharded: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # training loops
+    partly_trained: set[str] = field(default_factory=set)  # models the optimizer holds part of
+    factory_loaders: dict[str, cst.CSTNode] = field(default_factory=dict)  # built where unseen
+    factory_calls: dict[str, str] = field(default_factory=dict)  # ... and by what
+    rebuilds: dict[str, list[Binding]] = field(default_factory=dict)  # built again after training
 
     @property
     def on_self(self) -> bool:
         return self.accelerator.startswith("self.")
 
+    @property
+    def keys(self) -> list[str]:
+        return [b.key for b in self.prepared]
+
+    def current(self, a: Analysis, key: str, node: cst.CSTNode) -> bool:
+        """Whether ``key`` at ``node`` is still the object prepare() wraps, not a later rebuild
+        (a model loaded again for inference after training)."""
+        later = self.rebuilds.get(key)
+        if not later:
+            return True
+        anchors = self.timeline.anchors(node)
+        if not anchors:
+            return False
+        first = min(a.line(b.node) for b in later)
+        return all(a.line(n) < first for n in anchors)
+
 
 def find_setup(a: Analysis) -> tuple[Setup | None, list[tuple[cst.CSTNode, str]]]:
-    """The one setup to convert, plus (node, reason) for everything refused."""
+    """The one setup to convert, plus (node, reason) for every setup left alone."""
     refusals: list[tuple[cst.CSTNode, str]] = []
-    found = _refusals(a)
-    refusals.extend(r for reasons in found.values() for r in reasons)
-    refused = _with_nested(a, set(found))
-    existing = next(iter(a.bindings_of(Role.ACCELERATOR)), None)
-    candidates = [existing.scope] if existing is not None else _candidate_scopes(a)
-    usable, unusable = [], []
+    planned: list[Setup] = []
+    candidates = _candidate_scopes(a)
     for scope in candidates:
-        (unusable if reachable(a, scope) & refused else usable).append(scope)
-    for scope in usable[1:]:
-        message = f"left unchanged: a second training setup in {scope.name}(); convert it by hand"
-        refusals.append((scope.node, message))
-    kept = reachable(a, usable[0]) if usable else set()
-    dropped = refused | {s for scope in unusable + usable[1:] for s in reachable(a, scope)}
+        try:
+            planned.append(_plan(a, scope))
+        except Refused as refused:
+            refusals.append((refused.node, f"left unchanged: {refused.reason}"))
+    for extra in planned[1:]:
+        name = extra.scope.name
+        reason = f"left unchanged: a second training setup in {name}(); convert it by hand"
+        refusals.append((extra.scope.node, reason))
+    chosen = planned[0] if planned else None
+    if chosen is None and not candidates:
+        chosen = _snippet(a)
+    kept = chosen.reach if chosen is not None else set()
+    dropped = {s for scope in candidates for s in reachable(a, scope)} - kept
     a.exclude(_with_nested(a, dropped) - kept)
-    if not usable:
-        return None, refusals
-    if existing is not None:
-        setup = Setup(existing.scope, existing.key, exists=True)
-        setup.already_prepared = _already_prepared(a, existing.key)
-        setup.prepared = _to_prepare(a, setup)
-        return setup, refusals
-    scope = usable[0]
-    on_self = scope.cls is not None and any(b.key.startswith("self.") for b in _owned(a, scope))
-    setup = Setup(scope, f"self.{ACCELERATOR}" if on_self else ACCELERATOR, exists=False)
-    setup.prepared = _to_prepare(a, setup)
-    return setup, refusals
+    return chosen, refusals
 
 
+# which scope -----------------------------------------------------------------------------------
 def _owned(a: Analysis, scope: Scope) -> list[Binding]:
     return [b for b in a.bindings if b.scope is scope and a.role(scope, b.key) in TRAINING_ROLES]
 
 
 def _candidate_scopes(a: Analysis) -> list[Scope]:
-    """Scopes that build a model and an optimizer; else the module if it trains on free names."""
+    """Scopes that build an optimizer for a model they have and reach a training step."""
     found = []
+    trains = _training_scopes(a)
     for scope in a.scopes:
         roles = {a.role(scope, b.key) for b in _owned(a, scope)}
-        if Role.MODEL in roles and Role.OPTIMIZER in roles:
+        has_model = Role.MODEL in roles or any(a.role(scope, p) is Role.MODEL for p in scope.params)
+        if Role.OPTIMIZER in roles and has_model and reachable(a, scope) & trains:
             found.append(scope)
-    if not found and any(loop.trains and loop.scope.is_module for loop in a.loops):
-        found.append(a.scopes[0])
     return found
 
 
-def _refusals(a: Analysis) -> dict[Scope, list[tuple[cst.CSTNode, str]]]:
-    """Patterns that make converting a scope's training unsafe, by the scope they are in."""
-    out: dict[Scope, list[tuple[cst.CSTNode, str]]] = {}
+def _training_scopes(a: Analysis) -> set[Scope]:
+    """Scopes that run a ``.backward()`` themselves."""
+    return {scope for _call, scope, _loop in a.backward_calls}
 
-    def refuse(scope: Scope, node: cst.CSTNode, reason: str) -> None:
-        out.setdefault(scope, []).append((node, reason))
 
+def reachable(a: Analysis, scope: Scope) -> set[Scope]:
+    """``scope``, the same-file functions it calls, transitively, its class's methods, and the
+    functions defined inside any of them (closures handed to ``optimizer.step``)."""
+    seen = {scope} | {s for s in a.scopes if scope.cls is not None and s.cls is scope.cls}
+    seen = _with_nested(a, seen)
+    todo = list(seen)
+    calls_by_scope: dict[int, list[cst.Call]] = {}
     for call, where in a.calls:
-        name = callee_name(call)
-        if name in _HAND_DISTRIBUTED:
-            refuse(where, call, f"{_HAND_DISTRIBUTED[name]}: the script distributes itself")
-        elif name in CLOSURE_OPTIMIZERS:
-            refuse(where, call, f"{name} needs a closure, which prepare() cannot wrap")
-        elif (
-            name == "step"
-            and call.args
-            and a.role(where, dotted_name(call.func.value) or "") is Role.OPTIMIZER  # type: ignore[union-attr]
-        ):
-            refuse(where, call, "optimizer.step(closure): closures cannot be converted")
-    for b in a.bindings:
-        if b.in_loop and a.role(b.scope, b.key) is Role.OPTIMIZER:
-            refuse(b.scope, b.node, f"optimizer {b.key} is created inside a loop")
-    for loop in a.loops:
-        stepped = _stepped_optimizers(a, loop)
-        if len(stepped) > 1:
-            names = ", ".join(sorted(stepped))
-            refuse(loop.scope, loop.node, f"several optimizers ({names}) step in one loop")
-    return out
+        calls_by_scope.setdefault(id(where), []).append(call)
+    while todo:
+        current = todo.pop()
+        for call in calls_by_scope.get(id(current), ()):
+            name = dotted_name(call.func)
+            callee = a.functions.get(name.removeprefix("self.")) if name else None
+            if callee is not None and callee not in seen:
+                fresh = _with_nested(a, {callee}) - seen
+                seen |= fresh
+                todo.extend(fresh)
+    return seen
 
 
 def _with_nested(a: Analysis, scopes: set[Scope]) -> set[Scope]:
@@ -128,79 +163,484 @@ def _with_nested(a: Analysis, scopes: set[Scope]) -> set[Scope]:
     return out
 
 
-def _stepped_optimizers(a: Analysis, loop) -> set[str]:
-    names = set()
+# what it prepares ------------------------------------------------------------------------------
+def _plan(a: Analysis, scope: Scope) -> Setup:
+    reach = reachable(a, scope)
+    on_self = scope.cls is not None and any(b.key.startswith("self.") for b in _owned(a, scope))
+    setup = Setup(
+        scope, f"self.{ACCELERATOR}" if on_self else ACCELERATOR, Timeline(a, scope), reach
+    )
+    _refuse_training_forms(a, setup)
+    keys = _models_and_optimizers(a, setup)
+    keys += _loaders(a, setup)
+    keys += [
+        b.key
+        for b in _owned(a, scope)
+        if a.role(scope, b.key) is Role.SCHEDULER and b.key not in keys
+    ]
+    setup.prepared = [_build_of(a, setup, key) for key in dict.fromkeys(keys)]
+    _refuse_wrappers(a, setup)
+    setup.prepare_at = _prepare_point(a, setup)
+    return setup
+
+
+def _refuse_wrappers(a: Analysis, setup: Setup) -> None:
+    """``ar = Wrapper(model)`` trained through ``ar(...)``: prepare() wraps ``model``, the
+    training step runs ``ar``, which holds the bare module, and replicas would drift apart."""
+    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    wrappers = {
+        b.key: b
+        for b in a.bindings
+        if b.scope is setup.scope
+        and b.key not in models
+        and isinstance(b.value, cst.Call)
+        and any(key_of(arg.value) in models for arg in b.value.args)
+    }
+    if not wrappers:
+        return
     for call, where in a.calls:
-        if (
-            where is loop.scope
-            and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value == "step"
-            and a.enclosing(call, cst.For) is loop.node
+        key = key_of(call.func)
+        if where not in setup.reach or key is None or not in_training_step(a, call):
+            continue
+        for origin in origins(a, setup.scope, where, key) & wrappers.keys():
+            inner = next(
+                k for arg in wrappers[origin].value.args if (k := key_of(arg.value)) in models
+            )  # type: ignore[union-attr]
+            raise Refused(
+                call,
+                f"the training step runs {origin}, built around {inner}: prepare() wraps "
+                f"{inner}, so {origin} would train the bare module; prepare what the step runs",
+            )
+
+
+def in_training_step(a: Analysis, node: cst.CSTNode) -> bool:
+    """Inside a loop that runs ``.backward()`` itself, and not under ``torch.no_grad()``."""
+    current = a.parent(node)
+    in_loop = False
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        if isinstance(current, cst.With) and any(
+            isinstance(i.item, cst.Call) and callee_name(i.item) in _NO_GRAD for i in current.items
         ):
-            key = dotted_name(call.func.value) or ""
-            if a.role(where, key) is Role.OPTIMIZER:
-                names.add(key)
-    return names
+            return False
+        if isinstance(current, cst.For | cst.While):
+            in_loop = in_loop or any(lp.node is current and lp.trains for lp in a.loops)
+        current = a.parent(current)
+    return in_loop
 
 
-def reachable(a: Analysis, scope: Scope) -> set[Scope]:
-    """``scope``, the same-file functions it calls, transitively, and its class's methods."""
-    seen = {scope} | {s for s in a.scopes if scope.cls is not None and s.cls is scope.cls}
-    todo = list(seen)
+def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
+    """Training that prepare() and accelerator.backward() cannot take over."""
+    for call, where in a.calls:
+        if where not in setup.reach:
+            continue
+        name = a.names.last_part(call.func)
+        if a.names.from_package(call.func, "torch.cuda.set_device"):
+            raise Refused(call, "the script picks its GPU by hand (torch.cuda.set_device)")
+        if name in CLOSURE_OPTIMIZERS:
+            raise Refused(call, f"{name} needs a closure, which prepare() cannot wrap")
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        if (
+            name == "step"
+            and call.args
+            and receiver is not None
+            and a.role(where, dotted_name(receiver) or "") is Role.OPTIMIZER
+        ):
+            raise Refused(call, "optimizer.step(closure): closures cannot be converted")
+    for b in a.bindings:
+        if b.scope in setup.reach and b.in_loop and a.role(b.scope, b.key) is Role.OPTIMIZER:
+            raise Refused(b.node, f"optimizer {b.key} is created inside a loop")
+    stepped = _stepped_optimizers(a, setup)
+    if len(stepped) > 1:
+        names = ", ".join(sorted(stepped))
+        raise Refused(stepped[min(stepped)], f"several optimizers ({names}) step in this training")
+
+
+def _stepped_optimizers(a: Analysis, setup: Setup) -> dict[str, cst.Call]:
+    """The setup's optimizers that some ``.step()`` in its training steps, by key."""
+    found: dict[str, cst.Call] = {}
+    for call, where in a.calls:
+        if where not in setup.reach or method_call(call, "step") is None:
+            continue
+        key = key_of(call.func.value)  # type: ignore[union-attr]
+        if key is not None and a.role(where, key) is Role.OPTIMIZER:
+            for origin in origins(a, setup.scope, where, key):
+                found.setdefault(origin, call)
+    return found
+
+
+def origins(a: Analysis, setup: Scope, scope: Scope, key: str) -> set[str]:
+    """The names of ``setup`` that ``key`` in ``scope`` stands for: itself there, the global it
+    reads, or the arguments passed for it at every same-file call, transitively."""
+    out: set[str] = set()
+    seen: set[tuple[int, str]] = set()
+    todo = [(scope, key)]
+    links = _links(a)
     while todo:
-        current = todo.pop()
-        for call, where in a.calls:
+        where, name = todo.pop()
+        if (id(where), name) in seen:
+            continue
+        seen.add((id(where), name))
+        if (
+            where is setup
+            or (setup.is_module and a.reads_global(where, name))
+            or (setup.cls is not None and name.startswith("self.") and where.cls is setup.cls)
+        ):
+            out.add(name)
+        else:
+            todo.extend(links.get((id(where), name), ()))
+    return out
+
+
+def _links(a: Analysis) -> dict[tuple[int, str], list[tuple[Scope, str]]]:
+    """(callee, parameter) -> the (caller, argument name) pairs passed for it."""
+    cached = getattr(a, "_param_links", None)
+    if cached is not None:
+        return cached
+    out: dict[tuple[int, str], list[tuple[Scope, str]]] = {}
+    for caller, arg, callee, param in call_links(a):
+        out.setdefault((id(callee), param), []).append((caller, arg))
+    a._param_links = out  # type: ignore[attr-defined]
+    return out
+
+
+def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
+    """The optimizer and every model whose parameters it holds (all of them, or replicas of
+    the ones left out would drift apart on several processes)."""
+    scope = setup.scope
+    optimizers = [b for b in _owned(a, scope) if a.role(scope, b.key) is Role.OPTIMIZER]
+    models: list[str] = []
+    for b in optimizers:
+        value = b.value
+        held = (
+            optimized_models(a, scope, value, setup.partly_trained)
+            if isinstance(value, cst.Call)
+            else None
+        )
+        if held is None:
+            held = _trained_models(a, setup)
+            if len(held) != 1:
+                raise Refused(
+                    b.node,
+                    f"cannot tell which model {b.key} trains (its parameters come from an "
+                    "expression accel-convert does not read)",
+                )
+        models.extend(sorted(held, key=lambda k: _first_line(a, scope, k)))
+    for key in models:
+        if key == "self":
+            raise Refused(
+                optimizers[0].node,
+                f"{scope.cls.name.value if scope.cls else 'this module'} trains itself from its "
+                "own method; prepare() wraps a module from outside it",
+            )
+        if not _bound_here(a, scope, key):
+            raise Refused(
+                optimizers[0].node,
+                f"{key} is not built in {scope.name}(), where its optimizer is; prepare() "
+                "needs both in one place",
+            )
+    return [*models, *(b.key for b in optimizers)]
+
+
+def _trained_models(a: Analysis, setup: Setup) -> set[str]:
+    """Models of the setup scope that its training calls."""
+    found = set()
+    for call, where in a.calls:
+        key = key_of(call.func)
+        if where in setup.reach and key is not None and a.role(where, key) is Role.MODEL:
+            found |= origins(a, setup.scope, where, key)
+    return found
+
+
+def _bound_here(a: Analysis, scope: Scope, key: str) -> bool:
+    return key in scope.params or any(b.scope is scope and b.key == key for b in a.bindings)
+
+
+def _first_line(a: Analysis, scope: Scope, key: str) -> int:
+    lines = [a.line(b.node) for b in a.bindings if b.scope is scope and b.key == key]
+    return min(lines, default=0)
+
+
+def _loaders(a: Analysis, setup: Setup) -> list[str]:
+    """Loaders the training iterates: prepared. Loaders only evaluation iterates stay as they
+    are (every process evaluates all of it, which is slower but always right)."""
+    trains = _trains(a)
+    training: dict[str, cst.CSTNode] = {}
+    evaluating: dict[str, cst.CSTNode] = {}
+    for node, scope, key, in_training in _loader_uses(a, setup, trains):
+        if a.role(scope, key) is not Role.DATALOADER:
+            continue  # a loop over something else (a list of features, a batch's chunks)
+        for origin in origins(a, setup.scope, scope, key):
+            (training if in_training else evaluating).setdefault(origin, node)
+    prepared = []
+    for key, node in training.items():
+        kind, what = _loader_kind(a, setup.scope, key)
+        if kind == "other":
+            setup.unsharded.append((node, f"{key} is not a torch DataLoader ({what})"))
+            continue
+        prepared.append(key)
+        if kind == "factory":
+            setup.factory_loaders[key] = node
+            setup.factory_calls[key] = what
+    for key in evaluating.keys() - training.keys():
+        built = [b for b in a.bindings if b.scope is setup.scope and b.key == key]
+        if built and _loader_kind(a, setup.scope, key)[0] != "other":
+            setup.kept_loaders[key] = built[0]
+    fed = set(prepared)
+    for call, where, _loop in a.backward_calls:
+        if where in setup.reach and not _fed(a, setup, call, fed, set()):
+            node = a.enclosing(call, (cst.For, cst.While)) or call
+            if not any(_in(a, node, n) for n, _r in setup.unsharded):
+                setup.unsharded.append((node, "no DataLoader feeds this training step"))
+    setup.loaders = set(prepared)
+    return sorted(prepared, key=lambda k: _first_line(a, setup.scope, k))
+
+
+def _fed(a: Analysis, setup: Setup, node: cst.CSTNode, loaders: set[str], seen: set[int]) -> bool:
+    """Whether a loop over one of ``loaders`` runs around ``node``, in its function or around
+    every call that reaches it."""
+    scope = a.scope_of[id(node)]
+    current = a.parent(node)
+    while current is not None and current is not scope.node:
+        if isinstance(current, cst.For | cst.While) and _walks(a, setup, current, loaders):
+            return True
+        current = a.parent(current)
+    if scope is setup.scope or id(scope) in seen:
+        return False
+    seen.add(id(scope))
+    calls = [c for c, where in a.calls if where in setup.reach and _calls(a, c, scope)]
+    return bool(calls) and all(_fed(a, setup, c, loaders, seen) for c in calls)
+
+
+def _calls(a: Analysis, call: cst.Call, scope: Scope) -> bool:
+    name = dotted_name(call.func)
+    return name is not None and a.functions.get(name.removeprefix("self.")) is scope
+
+
+def _walks(a: Analysis, setup: Setup, loop: cst.For | cst.While, loaders: set[str]) -> bool:
+    """A ``for`` over a loader, or a loop that takes ``next()`` of an iterator over one."""
+    found = next((lp for lp in a.loops if lp.node is loop), None)
+    if found is None:
+        return False
+    if any(origins(a, setup.scope, found.scope, k) & loaders for k in found.iterables):
+        return True
+    return any(
+        where is found.scope
+        and callee_name(call) == "iter"
+        and len(call.args) == 1
+        and (key := key_of(call.args[0].value)) is not None
+        and origins(a, setup.scope, where, key) & loaders
+        for call, where in a.calls
+    )
+
+
+def _in(a: Analysis, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return a.contains(outer, node) or a.contains(node, outer)
+
+
+def _loader_uses(
+    a: Analysis, setup: Setup, trains: set[Scope]
+) -> Iterator[tuple[cst.CSTNode, Scope, str, bool]]:
+    """(node, scope, name, in training) for each ``for`` over a name and each ``iter(name)``."""
+    for loop in a.loops:
+        if loop.scope in setup.reach:
+            for key in loop.iterables:
+                yield loop.node, loop.scope, key, _loop_trains(a, loop, trains)
+    for call, where in a.calls:
+        if where in setup.reach and callee_name(call) == "iter" and len(call.args) == 1:
+            key = key_of(call.args[0].value)
+            if key is not None:
+                yield call, where, key, where in trains
+
+
+def _trains(a: Analysis) -> set[Scope]:
+    """Scopes that run a ``.backward()`` themselves or through the functions they call."""
+    found = _training_scopes(a)
+    callers: dict[int, set[Scope]] = {}
+    for call, where in a.calls:
+        name = dotted_name(call.func)
+        callee = a.functions.get(name.removeprefix("self.")) if name else None
+        if callee is not None:
+            callers.setdefault(id(callee), set()).add(where)
+    todo = list(found)
+    while todo:
+        for caller in callers.get(id(todo.pop()), ()):
+            if caller not in found:
+                found.add(caller)
+                todo.append(caller)
+    return found
+
+
+def _loop_trains(a: Analysis, loop: Loop, trains: set[Scope]) -> bool:
+    if loop.trains:
+        return True
+    for call, where in a.calls:
+        if where is loop.scope and a.contains(loop.node, call):
             name = dotted_name(call.func)
             callee = a.functions.get(name.removeprefix("self.")) if name else None
-            if where is current and callee is not None and callee not in seen:
-                seen.add(callee)
-                todo.append(callee)
-    return seen
+            if callee is not None and callee in trains:
+                return True
+    return False
 
 
-def _to_prepare(a: Analysis, setup: Setup) -> list[Binding]:
-    """The unconditional builds of training objects in the setup scope, in prepare() order."""
-    latest: dict[str, Binding] = {}
-    for b in _owned(a, setup.scope):
-        if not b.nested and b.key not in setup.already_prepared:
-            latest[b.key] = b
-    setup.unprepared = [
-        b
-        for b in _owned(a, setup.scope)
-        if b.nested
-        and not b.in_loop
-        and b.key not in latest
-        and b.key not in setup.already_prepared
-    ]
-    if setup.scope.is_module and not latest:
-        return _free_names(a, setup)
-    order = {role: i for i, role in enumerate(TRAINING_ROLES)}
-    chosen = sorted(
-        latest.values(),
-        key=lambda b: (order[a.role(setup.scope, b.key)], a.line(b.statement)),  # type: ignore[index]
+# Packages whose iterables are not torch DataLoaders (torch's own, but for torch.utils.data).
+_NOT_LOADERS = ("torchtext.", "datasets.", "numpy.", "torch.")
+
+
+def _loader_kind(a: Analysis, scope: Scope, key: str) -> tuple[str, str]:
+    """Whether prepare() can shard what ``key`` holds: ("loader", ""), ("factory", the call that
+    builds it where we cannot look) or ("other", what it is instead)."""
+    for b in a.bindings:
+        value = b.value if b.value is not None else getattr(b.node, "value", None)
+        if b.scope is not scope or b.key != key or value is None:
+            continue
+        if constructor_role(value, a.names) is Role.DATALOADER:
+            continue
+        if isinstance(value, cst.List | cst.Tuple | cst.ListComp | cst.SimpleString):
+            return "other", a.module.code_for_node(value)[:40]
+        func = value.func if isinstance(value, cst.Call) else None
+        if func is None:
+            return "factory", a.module.code_for_node(value)[:40]
+        what = f"{dotted_name(func) or 'a call'}(...)"
+        local = a.functions.get(dotted_name(func) or "")
+        qualified = a.names.qualify(func)
+        if local is not None:
+            if not _returns_loaders(a, local):
+                return "other", what
+        elif qualified is None or not qualified.startswith(_NOT_LOADERS):
+            return "factory", what
+        elif not qualified.startswith("torch.utils.data."):
+            return "other", what
+    return "loader", ""
+
+
+def _returns_loaders(a: Analysis, function: Scope) -> bool:
+    """Whether a function of the file returns DataLoaders (alone or in a tuple)."""
+    returns: list[cst.Return] = []
+
+    class _Returns(Visitor):
+        def visit_Return(self, node: cst.Return) -> None:
+            returns.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function.node
+
+    walk(function.node, _Returns())
+    values = [r.value for r in returns if r.value is not None]
+    items = (
+        [
+            e.value
+            for v in values
+            for e in (v.elements if isinstance(v, cst.Tuple) else [v])  # type: ignore[union-attr]
+        ]
+        if values
+        else []
     )
-    return chosen
+    return any(constructor_role(v, a.names) is Role.DATALOADER for v in items)  # type: ignore[arg-type]
 
 
-def _free_names(a: Analysis, setup: Setup) -> list[Binding]:
-    """Training objects a module-level snippet uses without building them (the guide's example)."""
-    module = setup.scope
-    seen: dict[str, Role] = {
+# where -----------------------------------------------------------------------------------------
+def _build_of(a: Analysis, setup: Setup, key: str) -> Binding:
+    """The binding that stands for ``key`` in prepare(): its first build in the setup scope."""
+    scope = setup.scope
+    for b in a.bindings:
+        if b.scope is scope and b.key == key:
+            return b
+    # A parameter of the setup function: prepared where it is, nothing builds it.
+    return Binding(key, scope, scope.body[0], scope.node, None, False, False)
+
+
+def _training_nodes(a: Analysis, setup: Setup) -> list[cst.CSTNode]:
+    """Where training starts to use the prepared objects: backward calls, loops over prepared
+    loaders, steps of prepared optimizers and schedulers."""
+    nodes: list[cst.CSTNode] = [c for c, where, _lp in a.backward_calls if where in setup.reach]
+    keys = set(setup.keys)
+    for loop in a.loops:
+        if loop.scope in setup.reach and any(
+            origins(a, setup.scope, loop.scope, k) & keys for k in loop.iterables
+        ):
+            nodes.append(loop.node)
+    return nodes
+
+
+def _prepare_point(a: Analysis, setup: Setup) -> Point:
+    """Right after the last build of a prepared object, before training first uses one."""
+    timeline = setup.timeline
+    anchors: list[cst.CSTNode] = []
+    after_scope = False  # training in other methods of the setup's class, once it returned
+    for node in _training_nodes(a, setup):
+        found = timeline.anchors(node)
+        if found is None:
+            raise Refused(node, f"this training step does not run from {setup.scope.name}()")
+        anchors.extend(found)
+        after_scope = after_scope or not found
+    block = timeline.body() if after_scope or not anchors else _common_block(timeline, anchors)
+    positions = [timeline.index(block, timeline.top_in(block, n)) for n in anchors]  # type: ignore[arg-type]
+    if after_scope:
+        positions.append(len(block.body))
+    first = min(positions)
+    index = 0
+    for b in setup.prepared:
+        for build in (x for x in a.bindings if x.scope is setup.scope and x.key == b.key):
+            top = timeline.top_in(block, build.node)
+            if top is None:
+                if not timeline.precedes_block(build.node, block):
+                    setup.rebuilds.setdefault(b.key, []).append(build)
+                continue
+            at = timeline.index(block, top)
+            if at < first:
+                index = max(index, at + 1)
+            elif at == first:
+                raise Refused(build.node, f"{b.key} is built inside the training loop")
+            elif any(position > at for position in positions):
+                raise Refused(
+                    build.node, f"{b.key} is built again here and trained again; convert by hand"
+                )
+            else:
+                setup.rebuilds.setdefault(b.key, []).append(build)
+    point = Point(block, index)
+    if timeline.in_loop(point):
+        raise Refused(block, "the training objects are built inside a loop")
+    for b in setup.prepared:
+        free = not any(x.scope is setup.scope and x.key == b.key for x in a.bindings)
+        if not free and not timeline.assigned_at(point, b.key):  # a free name: the snippet's
+            raise Refused(
+                b.node,
+                f"{b.key} is not built on every path before training starts: prepare() "
+                "needs it in one place",
+            )
+    return point
+
+
+def _common_block(timeline: Timeline, nodes: list[cst.CSTNode]) -> cst.Module | cst.IndentedBlock:
+    """The innermost block of the setup scope that holds all of ``nodes`` and runs once (the
+    block around the epoch loop, not the loop's own body)."""
+    chains = [timeline.enclosing_blocks(n) for n in nodes]
+    for block in chains[0]:
+        if all(any(block is other for other in chain) for chain in chains[1:]) and (
+            not timeline.in_loop(Point(block, 0))
+        ):
+            return block
+    return timeline.body()
+
+
+def _snippet(a: Analysis) -> Setup | None:
+    """A module-level snippet that trains objects it never builds (the HF guide's example):
+    prepare them before their first use."""
+    module = a.scopes[0]
+    if not any(loop.trains and loop.scope is module for loop in a.loops):
+        return None
+    roles = {
         key: role
         for (owner, key), role in a.roles.items()
-        if owner == id(module.node) and role in TRAINING_ROLES and key not in setup.already_prepared
+        if owner == id(module.node) and role in TRAINING_ROLES
     }
+    if Role.OPTIMIZER not in roles.values() or any(b.scope is module for b in _owned(a, module)):
+        return None
     order = {role: i for i, role in enumerate(TRAINING_ROLES)}
-    keys = sorted(seen, key=lambda k: order[seen[k]])
-    return [Binding(k, module, module.body[0], module.node, None, False, False) for k in keys]
-
-
-def _already_prepared(a: Analysis, accelerator: str) -> set[str]:
-    done = set()
-    for b in a.bindings:
-        value = b.value
-        if isinstance(b.node, cst.Assign):
-            value = b.node.value
-        if isinstance(value, cst.Call) and dotted_name(value.func) == f"{accelerator}.prepare":
-            done.add(b.key)
-    return done
+    keys = sorted(roles, key=lambda k: order[roles[k]])
+    setup = Setup(module, ACCELERATOR, Timeline(a, module), reachable(a, module))
+    setup.prepared = [
+        Binding(k, module, module.body[0], module.node, None, False, False) for k in keys
+    ]
+    setup.loaders = {k for k in keys if roles[k] is Role.DATALOADER}
+    return setup

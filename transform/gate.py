@@ -1,0 +1,103 @@
+"""Whole-file verdicts, taken before any setup is looked at.
+
+A file that already uses an Accelerator (HF's or ours, under any import) is an Accelerate script:
+converting it again would prepare prepared objects and divide divided losses, so it is left as it
+is (accel-lint is the tool for it). A file that distributes itself (``init_process_group``, a DDP
+or FSDP wrapper under any alias, a ``DistributedSampler``, ``mp.spawn``, a model shared with
+worker processes) would end up distributed twice; it is left unchanged, with the first such line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis
+from accelify.transform.names import Names
+from accelify.transform.patterns import dotted_name
+
+# Packages whose objects already own the training loop's distribution.
+_ACCELERATE_PACKAGES = ("accelerate", "accelify.runtime")
+_ENGINES = {
+    "lightning": "Lightning",
+    "pytorch_lightning": "Lightning",
+    "lightning_fabric": "Lightning Fabric",
+    "horovod": "Horovod",
+    "torch_xla": "torch_xla",
+}
+# Calls of torch.distributed that do more than ask whether it is there.
+_DIST_QUERIES = frozenset(
+    {"is_available", "is_initialized", "get_rank", "get_world_size", "is_torchelastic_launched"}
+)
+# (package, last part of the name) -> what the script does with it.
+_DISTRIBUTING = {
+    "DistributedDataParallel": "wraps the model in DistributedDataParallel",
+    "DataParallel": "wraps the model in DataParallel",
+    "FullyShardedDataParallel": "shards the model with FSDP",
+    "fully_shard": "shards the model with FSDP",
+    "DistributedSampler": "shards the data with a DistributedSampler",
+    "init_device_mesh": "builds a DeviceMesh",
+    "DeviceMesh": "builds a DeviceMesh",
+    "parallelize_module": "parallelises tensors by hand",
+    "spawn": "starts its own processes (mp.spawn)",
+    "start_processes": "starts its own processes",
+    "Process": "trains in worker processes it starts itself",
+    "initialize": "hands the model to deepspeed.initialize",
+}
+# Names too common to trust without an import from these packages.
+_NEEDS_IMPORT = {
+    "spawn": ("torch.multiprocessing",),
+    "start_processes": ("torch.multiprocessing",),
+    "Process": ("torch.multiprocessing",),
+    "initialize": ("deepspeed",),
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a whole file is left alone; ``skip``: it needs nothing (it is already converted)."""
+
+    node: cst.CSTNode
+    reason: str
+    skip: bool
+
+
+def file_verdict(a: Analysis, names: Names) -> Verdict | None:
+    """The first reason to leave the whole file unchanged, or None."""
+    for local, qualified in names.imports.items():
+        if any(qualified == p or qualified.startswith(f"{p}.") for p in _ACCELERATE_PACKAGES):
+            node = names.statements[local]
+            return Verdict(node, f"already an Accelerate script (imports {qualified})", skip=True)
+        engine = _ENGINES.get(qualified.split(".", 1)[0])
+        if engine is not None:
+            node = names.statements[local]
+            return Verdict(node, f"{engine} already runs this training (imports {qualified})", True)
+    for call, _scope in a.calls:
+        reason = _distributes(call, names)
+        if reason is not None:
+            return Verdict(
+                call,
+                f"left unchanged: the script {reason}; accel-convert does not rewrite "
+                "hand-written distribution",
+                skip=False,
+            )
+    return None
+
+
+def _distributes(call: cst.Call, names: Names) -> str | None:
+    func = call.func
+    dotted = dotted_name(func)
+    if dotted is None:
+        return None
+    last = names.last_part(func) or dotted
+    if names.from_package(func, "torch.distributed") and last not in _DIST_QUERIES:
+        return _DISTRIBUTING.get(last, f"calls torch.distributed ({dotted})")
+    if last == "share_memory" and isinstance(func, cst.Attribute):
+        return "shares a model with other processes (share_memory)"
+    if last not in _DISTRIBUTING:
+        return None
+    packages = _NEEDS_IMPORT.get(last)
+    if packages is None:  # a name only torch uses: its last part is enough without an import
+        return _DISTRIBUTING[last] if names.refers_to(func, ("torch",), last) else None
+    return _DISTRIBUTING[last] if names.from_package(func, *packages) else None
