@@ -1,12 +1,13 @@
 """One module per conversion step; :mod:`accelify.transform.convert` runs them in this order.
 
-The amp and accumulate steps come first because they decide the ``Accelerator(...)`` arguments;
-creating the accelerator and handing it to other functions come last because every other step
-may ask for it.
+The amp and accumulate steps come first because they decide the ``Accelerator(...)`` arguments,
+which fix where it can be created (``place``); every later step may only use it after that
+point. Writing the accelerator and handing it to other functions come last because every other
+step may ask for it.
 """
 
 from accelify.transform.plan import Step
-from accelify.transform.steps.accelerator import accelerator
+from accelify.transform.steps.accelerator import accelerator, place
 from accelify.transform.steps.accumulate import accumulate
 from accelify.transform.steps.amp import amp
 from accelify.transform.steps.backward import backward
@@ -19,16 +20,21 @@ from accelify.transform.steps.prepare import prepare
 from accelify.transform.steps.save import save
 from accelify.transform.steps.seed import seed
 from accelify.transform.steps.thread import thread
+from accelify.transform.steps.unwrap import unwrap
+from accelify.transform.steps.writes import writes
 
 STEPS: list[Step] = [
     amp,
     accumulate,
+    place,
     device,
     moves,
     prepare,
+    unwrap,
     backward,
     clip,
     save,
+    writes,
     metrics,
     output,
     seed,

@@ -1,37 +1,57 @@
 """Import the runtime and create ``accelerator = Accelerator(...)`` in the training setup.
 
-It goes right before the first statement that picks the device or builds a training object, and
-after whatever its arguments need (``args = parser.parse_args()`` when the accumulation steps
-come from ``args``). Runs after the steps that fill in its arguments.
+:func:`place` (run once the amp and accumulate steps have filled in its arguments) picks the spot:
+before the device is chosen and the first training object is built, after whatever its
+arguments read (``args = parser.parse_args()`` when the accumulation steps come from ``args``),
+in the block that holds every later use. :func:`accelerator` (run last) writes it there, with
+the import.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Binding, mentions, names_in
-from accelify.transform.patterns import Role
+from accelify.transform.analysis import Analysis, mentions, names_in
+from accelify.transform.flow import Point
+from accelify.transform.patterns import Role, device_move, is_device, keyword_arg, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused
+from accelify.transform.steps.prepare import LINE_LENGTH
+from accelify.transform.steps.prepare import depth as _depth
 
 _SOURCES = {
-    "accelify": {"Accelerator": "accelify.runtime", "set_seed": "accelify.runtime"},
-    "accelerate": {"Accelerator": "accelerate", "set_seed": "accelerate.utils"},
+    "accelify": dict.fromkeys(
+        ("Accelerator", "set_seed", "DistributedDataParallelKwargs"), "accelify.runtime"
+    ),
+    "accelerate": {
+        "Accelerator": "accelerate",
+        "set_seed": "accelerate.utils",
+        "DistributedDataParallelKwargs": "accelerate",
+    },
 }
 
 
+def place(plan: Plan) -> None:
+    """Fix where the accelerator is created; later steps may only use it after that point."""
+    if plan.setup is not None:
+        plan.setup.create_at = _creation_point(plan)
+
+
 def accelerator(plan: Plan) -> None:
-    setup = plan.setup
-    if setup is None:
+    if plan.setup is None:
         return
-    if not setup.exists:
-        _create(plan)
-        plan.imports.add("Accelerator")
+    if not picks_device(plan.analysis):
+        plan.changed(
+            plan.setup.create_at.next or plan.setup.create_at.previous,  # type: ignore[union-attr,arg-type]
+            "the script never picks a device, so it stays on the CPU (cpu=True): tensors it "
+            "creates would not follow a model on a GPU",
+        )
+    _create(plan)
+    plan.imports.add("Accelerator")
     _import(plan)
 
 
-def _create(plan: Plan) -> None:
-    setup = plan.setup
-    a = plan.analysis
+def _kwargs(plan: Plan) -> dict[str, cst.BaseExpression]:
     kwargs = dict(plan.accelerator_kwargs)
     options = plan.options
     if options.mixed_precision is not None:
@@ -40,28 +60,113 @@ def _create(plan: Plan) -> None:
         kwargs["gradient_accumulation_steps"] = cst.Integer(
             str(options.gradient_accumulation_steps)
         )
+    if not picks_device(plan.analysis):
+        kwargs["cpu"] = cst.Name("True")
+    return kwargs
+
+
+def _creation_point(plan: Plan) -> Point:
+    """Before the device is chosen and the first object built, after what its arguments read."""
+    setup = plan.setup
+    assert setup is not None
+    a = plan.analysis
+    t = setup.timeline
+    scope = setup.scope
+    taken = a.names.imports.get("Accelerator") or ("Accelerator" in a.names.defined)
+    if taken:
+        raise Refused(a.module, "the name Accelerator is already taken in this file")
+    if setup.prepare_at is None:  # a snippet: before its first use of the training objects
+        body = t.body()
+        keys = set(setup.keys)
+        first = next(
+            (i for i, s in enumerate(body.body) if _chooses_device(plan, s) or mentions(s, keys)),
+            0,
+        )
+        return Point(body, first)
+    devices = [
+        b.node for b in a.bindings if b.scope is scope and a.role(scope, b.key) is Role.DEVICE
+    ]
+    prepare = setup.prepare_at
+    block = next(
+        (
+            b
+            for b in [prepare.block, *t.enclosing_blocks(prepare.block)]
+            if all(t.top_in(b, d) is not None for d in devices)
+        ),
+        t.body(),
+    )
+    limit = (
+        prepare.index if block is prepare.block else t.index(block, t.top_in(block, prepare.block))  # type: ignore[arg-type]
+    )
+    musts = [t.index(block, t.top_in(block, d)) for d in devices]  # type: ignore[arg-type]
+    builds = [
+        t.index(block, top)
+        for b in a.bindings
+        if b.scope is scope and b.key in setup.keys and (top := t.top_in(block, b.node))
+    ]
+    index = min([limit, *musts, *builds])
+    needed = {name.value for v in _kwargs(plan).values() for name in names_in(v)}
+    for b in a.bindings:
+        if b.scope is not scope or b.key not in needed:
+            continue
+        top = t.top_in(block, b.node)
+        if top is None:
+            continue  # set before the block, or after it (not needed: the last is what counts)
+        after = t.index(block, top) + 1
+        if after > min([limit, *musts]):
+            raise Refused(
+                b.node,
+                f"Accelerator(...) reads {b.key}, which is set only after the training objects "
+                "need the accelerator",
+            )
+        index = max(index, after)
+    point = Point(block, index)
+    if t.in_loop(point):
+        raise Refused(block, "the accelerator would be created inside a loop")
+    return point
+
+
+def picks_device(a: Analysis) -> bool:
+    """Whether the script moves anything to a device: a device name, ``.cuda()``, ``.to(...)``
+    of a device, ``device=`` given a device."""
+    if any(role is Role.DEVICE for role in a.roles.values()):
+        return True
+    for call, _scope in a.calls:
+        if method_call(call, "cuda") is not None or device_move(call) is not None:
+            return True
+        device = keyword_arg(call, "device")
+        if device is not None and is_device(device.value):
+            return True
+    return False
+
+
+def _chooses_device(plan: Plan, statement: cst.BaseStatement) -> bool:
+    a = plan.analysis
+    scope = plan.setup.scope  # type: ignore[union-attr]
+    return any(
+        b.statement is statement and b.scope is scope and a.role(scope, b.key) is Role.DEVICE
+        for b in a.bindings
+    )
+
+
+def _create(plan: Plan) -> None:
+    setup = plan.setup
+    assert setup is not None and setup.create_at is not None
+    a = plan.analysis
+    kwargs = _kwargs(plan)
     args = ", ".join(f"{k}={a.module.code_for_node(v)}" for k, v in kwargs.items())
-    statement = plan.statement(f"{setup.accelerator} = Accelerator({args})\n")  # type: ignore[union-attr]
-    body = list(setup.scope.body)  # type: ignore[union-attr]
-    anchors = [
-        i
-        for i, s in enumerate(body)
-        if any(b.statement is s for b in _anchoring(plan)) or _is_prepare_site(plan, s)
-    ]
-    needed = {name.value for v in kwargs.values() for name in names_in(v)}
-    after = [
-        i
-        for i, s in enumerate(body)
-        if any(b.statement is s and b.key in needed for b in a.bindings)
-    ]
-    index = min(anchors) if anchors else len(body) - 1
-    if after and max(after) >= index:
-        index = max(after) + 1
-    if index >= len(body):
-        plan.edits.insert_after(body[-1], statement)
+    code = f"{setup.accelerator} = Accelerator({args})"
+    if len(code) + 4 * _depth(plan, setup.create_at.block) > LINE_LENGTH:  # wrap like black
+        lines = "".join(f"    {k}={a.module.code_for_node(v)},\n" for k, v in kwargs.items())
+        code = f"{setup.accelerator} = Accelerator(\n{lines})"
+    statement = plan.statement(code + "\n")
+    point = setup.create_at
+    anchor = point.next
+    if anchor is not None:
+        _insert_paragraph(plan, anchor, statement)
     else:
-        _insert_paragraph(plan, body[index], statement)
-    plan.changed(body[min(index, len(body) - 1)], f"created {setup.accelerator}")  # type: ignore[union-attr]
+        plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
+    plan.changed(anchor or point.previous, f"created {setup.accelerator}")  # type: ignore[arg-type]
 
 
 def _insert_paragraph(plan: Plan, anchor: cst.BaseStatement, statement: cst.BaseStatement) -> None:
@@ -79,26 +184,6 @@ def _insert_paragraph(plan: Plan, anchor: cst.BaseStatement, statement: cst.Base
     plan.edits.replace(
         anchor, lambda node: node.with_changes(leading_lines=[cst.EmptyLine(indent=False), *rest])
     )
-
-
-def _anchoring(plan: Plan) -> list[Binding]:
-    """Bindings the accelerator must precede: the device and the prepared objects."""
-    a = plan.analysis
-    setup = plan.setup
-    return [
-        b
-        for b in a.bindings
-        if b.scope is setup.scope  # type: ignore[union-attr]
-        and a.role(b.scope, b.key)
-        in (Role.DEVICE, Role.MODEL, Role.OPTIMIZER, Role.DATALOADER, Role.SCHEDULER, Role.SCALER)
-    ]
-
-
-def _is_prepare_site(plan: Plan, statement: cst.BaseStatement) -> bool:
-    """For snippets that build nothing: the first statement using the training objects."""
-    setup = plan.setup
-    free = {b.key for b in setup.prepared if b.node is setup.scope.node}  # type: ignore[union-attr]
-    return bool(free) and mentions(statement, free)
 
 
 def _import(plan: Plan) -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import key_of
-from accelify.transform.patterns import Role
+from accelify.transform.analysis import Scope, key_of
+from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused
 
 
 def to_accelerator_backward(accelerator: cst.BaseExpression, call: cst.Call) -> cst.Call:
@@ -25,21 +26,18 @@ def backward(plan: Plan) -> None:
         return
     a = plan.analysis
     for call, scope, _loop in a.backward_calls:
-        receiver = key_of(call.func.value)  # type: ignore[union-attr]
-        if _is_scaled(call) or (receiver and a.role(scope, receiver) is Role.ACCELERATOR):
-            continue  # the amp step's business, or already accelerator.backward(loss)
+        receiver = call.func.value  # type: ignore[union-attr]
+        if _is_scaled(plan, scope, receiver):
+            continue  # the amp step's business
+        if a.names.qualify(receiver) is not None:  # torch.autograd.backward(...)
+            raise Refused(call, f"{dotted_name(call.func)}(...): convert by hand")
         accelerator = plan.accelerator(call)
-        if accelerator is None:
-            plan.needs_human(call, "backward() where the accelerator is not reachable")
-            continue
         plan.edits.replace(call, lambda node, acc=accelerator: to_accelerator_backward(acc, node))
         plan.changed(call, "loss.backward() -> accelerator.backward(loss)")
 
 
-def _is_scaled(call: cst.Call) -> bool:
-    receiver = call.func.value  # type: ignore[union-attr]
-    return (
-        isinstance(receiver, cst.Call)
-        and isinstance(receiver.func, cst.Attribute)
-        and receiver.func.attr.value == "scale"
-    )
+def _is_scaled(plan: Plan, scope: Scope, receiver: cst.BaseExpression) -> bool:
+    """``scaler.scale(loss).backward()``."""
+    scale = method_call(receiver, "scale")
+    key = key_of(scale.func.value) if scale is not None else None  # type: ignore[union-attr]
+    return key is not None and plan.analysis.role(scope, key) is Role.SCALER

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.patterns import callee_name, dotted_name
 from accelify.transform.plan import Plan
 
 _CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
@@ -17,16 +16,11 @@ _CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
 
 def clip(plan: Plan) -> None:
     a = plan.analysis
-    for call, _scope in a.calls:
-        name = callee_name(call)
-        if name not in _CLIPS or plan.setup is None:
+    for call, _scope in plan.training_calls():
+        name = a.names.last_part(call.func)
+        if name not in _CLIPS or not a.names.refers_to(call.func, ("torch",), name):
             continue
-        if (dotted_name(call.func) or "").startswith(plan.setup.accelerator):
-            continue  # already the accelerator's
         accelerator = plan.accelerator(call)
-        if accelerator is None:
-            plan.needs_human(call, f"{name} where the accelerator is not reachable")
-            continue
         plan.edits.replace(
             call,
             lambda node, acc=accelerator, n=name: node.with_changes(
@@ -34,9 +28,16 @@ def clip(plan: Plan) -> None:
             ),
         )
         plan.changed(call, f"{name} -> accelerator.{name}")
-        loop = a.enclosing(call, cst.For)
+        loop = a.enclosing(call, (cst.For, cst.While))
         statement = a.statement_of(call)
-        if loop is not None and id(loop) in plan.accumulating and statement is not None:
+        guard = a.enclosing(call, cst.If)
+        kept = (
+            guard is not None
+            and loop is not None
+            and a.contains(loop, guard)
+            and (id(guard) not in plan.unwrapped)
+        )
+        if loop is not None and id(loop) in plan.accumulating and statement and not kept:
             test = cst.Attribute(accelerator, cst.Name("sync_gradients"))
             plan.edits.replace(
                 statement,

@@ -1,61 +1,196 @@
 """``device = "cuda"`` (or ``torch.device(...)``) becomes ``device = accelerator.device``.
 
-The name stays, so every other use of ``device`` in the script keeps working. There is one device
-now: later choices of the same name (``if use_cuda: device = "cuda"``) go away, and an
-``if``/``elif``/``else`` whose every branch only picks a device collapses into the one assignment.
-A device picked in a branch that does more than that is left for a human.
+The name stays, so every other use of ``device`` keeps working, and it keeps its type: a device
+chosen as a string that the script also reads as one (``"cuda" in device``,
+``autocast(device_type=device)``) becomes ``accelerator.device.type``, a string too. There is one
+device now: later choices of the same name go, and an ``if``/``elif``/``else`` whose every branch
+only picks a device collapses into the one assignment. A branch that does more keeps its other
+statements and is followed by the accelerator's choice. A name derived from the device
+(``device_type = "cuda" if "cuda" in device else "cpu"``) is left to follow it.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Binding, key_of
+from accelify.transform.analysis import Analysis, Binding, key_of, mentions, names_in
 from accelify.transform.patterns import Role, is_device
 from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused
+
+# Uses that need a string: comparisons, string methods, concatenation, autocast's device_type.
+_STRING_METHODS = frozenset({"startswith", "endswith", "split", "replace", "lower", "upper"})
 
 
 def device(plan: Plan) -> None:
-    if plan.setup is None:
+    setup = plan.setup
+    if setup is None:
         return
     a = plan.analysis
+    devices = {
+        b.key
+        for b in a.bindings
+        if a.role(b.scope, b.key) is Role.DEVICE and isinstance(b.node, cst.Assign | cst.AnnAssign)
+    }
     choices: dict[tuple[int, str], list[Binding]] = {}
     for b in a.bindings:
-        if (
-            b.scope in plan.training
-            and isinstance(b.node, cst.Assign)
-            and a.role(b.scope, b.key) is Role.DEVICE
-        ):
-            choices.setdefault((a.owner(b.scope, b.key), b.key), []).append(b)
+        if not isinstance(b.node, cst.Assign) or a.role(b.scope, b.key) is not Role.DEVICE:
+            continue
+        if b.value is not None and mentions(b.value, devices - {b.key}):
+            continue  # derived from another device: it follows that one
+        if b.scope not in plan.training:
+            _refuse_read_global(plan, b)
+            continue
+        choices.setdefault((a.owner(b.scope, b.key), b.key), []).append(b)
     for bindings in choices.values():
-        accelerator = plan.accelerator(bindings[0].node)
-        if accelerator is not None:
-            _one_device(plan, bindings, cst.Attribute(accelerator, cst.Name("device")))
+        _one_device(plan, bindings)
 
 
-def _one_device(plan: Plan, bindings: list[Binding], value: cst.Attribute) -> None:
+def _refuse_read_global(plan: Plan, binding: Binding) -> None:
+    """A module-level device read by the training: the accelerator, created in a function,
+    cannot reach back to rewrite it. When the setup function is its only reader, and reads it
+    only after the accelerator exists, a local ``device = accelerator.device`` shadows it there;
+    anything else would keep the script's own choice of device, and is refused."""
+    a = plan.analysis
+    setup = plan.setup
+    if not binding.scope.is_module or setup is None or setup.create_at is None:
+        return
+    readers = {}
+    for scope in plan.training:
+        if scope.is_module or not a.reads_global(scope, binding.key):
+            continue
+        names = [n for n in names_in(scope.node) if n.value == binding.key]
+        if names:
+            readers[scope] = names
+    if not readers:
+        return
+    local = set(readers) == {setup.scope} and all(
+        setup.timeline.after(setup.create_at, n) for n in readers[setup.scope]
+    )
+    if not local or binding.key in plan.shadowed:
+        if not local:
+            raise Refused(
+                binding.node,
+                f"{binding.key} is chosen at module level and read by the training in "
+                f"{', '.join(sorted(s.name + '()' for s in readers))}; choose it in "
+                f"{setup.scope.name}(), where the accelerator is created",
+            )
+        return
+    plan.shadowed.add(binding.key)
+    accelerator = plan.accelerator(readers[setup.scope][0])
+    value: cst.BaseExpression = cst.Attribute(accelerator, cst.Name("device"))  # type: ignore[arg-type]
+    if _string_device(plan, [binding]):
+        value = cst.Attribute(value, cst.Name("type"))
+    code = f"{binding.key} = {a.module.code_for_node(value)}"
+    point = setup.create_at
+    statement = plan.statement(code + "\n")
+    if point.next is not None:
+        plan.edits.insert_before(point.next, statement)
+    else:
+        plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
+    plan.changed(point.next or point.previous, f"{code} in {setup.scope.name}()")  # type: ignore[arg-type]
+
+
+def _one_device(plan: Plan, bindings: list[Binding]) -> None:
     a = plan.analysis
     first, key = bindings[0], bindings[0].key
-    chain = _device_chain(a, first) if first.nested else None
-    if first.nested and chain is None:
-        plan.needs_human(first.node, f"{key} is chosen in a branch: set it to the accelerator's")
-        return
-    if chain is None:
-        plan.edits.replace(first.value, value)  # type: ignore[arg-type]
-    else:
-        assign = plan.statement(f"{key} = {a.module.code_for_node(value)}\n")
+    accelerator = plan.accelerator(first.node)
+    value: cst.BaseExpression = cst.Attribute(accelerator, cst.Name("device"))  # type: ignore[arg-type]
+    if _string_device(plan, bindings):
+        value = cst.Attribute(value, cst.Name("type"))
+    code = a.module.code_for_node(value)
+    holder = _holder(plan, first)
+    chain = _device_chain(a, first) if holder is not None else None
+    if chain is not None:
+        assign = plan.statement(f"{key} = {code}\n")
         plan.edits.replace(
-            chain, lambda node: assign.with_changes(leading_lines=node.leading_lines)
+            chain,
+            lambda node: assign.with_changes(
+                leading_lines=[*node.leading_lines, *_comments(chain)]
+            ),
         )
-    plan.changed(first.node, f"{key} = {a.module.code_for_node(value)}")
+    elif holder is not None:  # chosen in a branch that does more: follow it
+        plan.accelerator(holder)
+        plan.edits.insert_after(holder, plan.statement(f"{key} = {code}\n"))
+        plan.changed(first.node, f"{key} = {code} after the branch that chose it")
+        return
+    else:
+        plan.edits.replace(first.value, value)  # type: ignore[arg-type]
+    plan.changed(first.node, f"{key} = {code}")
     for later in bindings[1:]:
-        if chain is None or not a.contains(chain, later.node):
-            plan.remove(a.statement_of(later.node))
-            plan.changed(later.node, f"removed a second choice of {key}")
+        if chain is not None and a.contains(chain, later.node):
+            continue
+        statement = a.statement_of(later.node)
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            raise Refused(later.node, f"{key} is chosen again here, among other statements")
+        plan.remove(statement)
+        plan.changed(later.node, f"removed a second choice of {key}")
+
+
+def _holder(plan: Plan, binding: Binding) -> cst.BaseStatement | None:
+    """The compound statement of the accelerator's block that chooses the device (an ``if`` with
+    its ``elif``s, a ``try``, a ``with``), or None when the choice is a plain statement there."""
+    setup = plan.setup
+    point = setup.create_at  # type: ignore[union-attr]
+    if point is None:
+        return None
+    top = setup.timeline.top_in(point.block, binding.node)  # type: ignore[union-attr]
+    if top is None or isinstance(top, cst.SimpleStatementLine):
+        return None
+    if isinstance(top, cst.For | cst.While):
+        raise Refused(binding.node, f"{binding.key} is chosen in a loop")
+    return top
+
+
+def _comments(chain: cst.If) -> list[cst.EmptyLine]:
+    """Own-line comments inside a collapsed ``if``/``elif``/``else`` chain."""
+    out: list[cst.EmptyLine] = []
+    branch: cst.If | cst.Else | None = chain
+    while branch is not None:
+        for statement in branch.body.body:  # type: ignore[union-attr]
+            out.extend(line for line in statement.leading_lines if line.comment is not None)
+        branch = branch.orelse if isinstance(branch, cst.If) else None
+    return out
+
+
+def _string_device(plan: Plan, bindings: list[Binding]) -> bool:
+    """A device chosen as a string and read as one somewhere."""
+    if not any(_is_string(b.value) for b in bindings if b.value is not None):
+        return False
+    key = bindings[0].key
+    a = plan.analysis
+    for scope in plan.training:
+        for name in names_in(scope.node):
+            if name.value == key and _string_use(a, name):
+                return True
+    return False
+
+
+def _is_string(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.IfExp):
+        return _is_string(value.body) or _is_string(value.orelse)
+    return isinstance(value, cst.SimpleString | cst.FormattedString) or (
+        isinstance(value, cst.Attribute) and value.attr.value == "type"
+    )
+
+
+def _string_use(a: Analysis, name: cst.Name) -> bool:
+    parent = a.parent(name)
+    if isinstance(parent, cst.Comparison | cst.ComparisonTarget | cst.BinaryOperation):
+        return True
+    if isinstance(parent, cst.Attribute) and parent.value is name:
+        return parent.attr.value in _STRING_METHODS
+    if isinstance(parent, cst.Arg):
+        call = a.parent(parent)
+        if parent.keyword is not None:
+            return parent.keyword.value == "device_type"
+        return isinstance(call, cst.Call) and "autocast" in (a.module.code_for_node(call.func))
+    return False
 
 
 def _device_chain(a: Analysis, binding: Binding) -> cst.If | None:
-    """The ``if``/``elif``/``else`` around ``binding`` when each branch only sets it to a device."""
+    """The ``if``/``elif``/``else`` right around ``binding`` when each branch only sets it to a
+    device."""
     top: cst.CSTNode | None = a.enclosing(binding.node, cst.If)
     while isinstance(a.parent(top), cst.If):  # an ``elif`` hangs off the ``if`` above it
         top = a.parent(top)

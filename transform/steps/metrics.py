@@ -12,9 +12,10 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Loop, mentions
-from accelify.transform.patterns import Role, callee_name, method_call
+from accelify.transform.patterns import callee_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.steps.moves import batch_names
+from accelify.transform.setup import origins
+from accelify.transform.steps.moves import batch_names, prepared_loop
 from accelify.transform.walk import walk
 
 _GATHERS = frozenset({"gather", "gather_for_metrics", "reduce"})
@@ -22,16 +23,22 @@ _GATHERS = frozenset({"gather", "gather_for_metrics", "reduce"})
 
 def metrics(plan: Plan) -> None:
     a = plan.analysis
+    setup = plan.setup
+    if setup is None:
+        return
     for loop in a.loops:
-        if (
-            loop.trains
-            or loop.scope not in plan.training
-            or loop.iterable is None
-            or a.role(loop.scope, loop.iterable) is not Role.DATALOADER
-        ):
+        if loop.trains or loop.scope not in plan.training or not prepared_loop(plan, loop):
             continue
         _gather_metric_inputs(plan, loop)
         _report_sums(plan, loop)
+    for comp, scope, key in a.comprehensions:
+        found = origins(a, setup.scope, scope, key)
+        if scope in plan.training and found and found <= setup.loaders:
+            plan.needs_human(
+                comp,
+                f"computes over this process's shard of {key} only: gather per-sample values "
+                "with accelerator.gather_for_metrics first",
+            )
 
 
 def _gather_metric_inputs(plan: Plan, loop: Loop) -> None:
@@ -45,8 +52,6 @@ def _gather_metric_inputs(plan: Plan, loop: Loop) -> None:
         ):
             continue
         accelerator = plan.accelerator(call)
-        if accelerator is None:
-            continue
         gather = cst.Attribute(accelerator, cst.Name("gather_for_metrics"))
         for arg in call.args:
             plan.edits.replace(arg.value, lambda node, f=gather: cst.Call(f, [cst.Arg(node)]))

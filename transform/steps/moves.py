@@ -11,9 +11,10 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform import patterns
-from accelify.transform.analysis import Analysis, Loop, key_of
-from accelify.transform.patterns import Role, dotted_name, is_device, target_names
+from accelify.transform.analysis import Analysis, Loop, Scope, key_of, unwrap_moves
+from accelify.transform.patterns import Role, dotted_name, is_device, method_call, target_names
 from accelify.transform.plan import Plan
+from accelify.transform.setup import origins
 
 
 def device_move(call: cst.CSTNode, a: Analysis) -> cst.Call | None:
@@ -45,26 +46,76 @@ def moves(plan: Plan) -> None:
     if setup is None:
         return
     a = plan.analysis
-    prepared = {b.key for b in setup.prepared} | setup.already_prepared
-    models = {k for k in prepared if a.role(setup.scope, k) is Role.MODEL}
-    for call, scope in a.calls:
+    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    travelling = _moved_elsewhere(plan, models)
+    for call, scope in plan.training_calls():
         move = device_move(call, a)
         if move is None:
             continue
         receiver = _receiver_key(move.func.value)  # type: ignore[union-attr]
-        if receiver is not None and (
-            a.role(scope, receiver) is Role.MODEL
-            and (receiver in models or scope is not setup.scope)
-        ):
-            _drop_model_move(plan, move, receiver)
-        elif receiver is not None and _is_batch(a, move, receiver):
+        if receiver is not None and _prepared_model(plan, scope, receiver, move, models):
+            if not (travelling & origins(a, setup.scope, scope, receiver)) or _is_build(a, move):
+                _drop_model_move(plan, move, receiver)
+        elif receiver is not None and _is_batch(plan, move, receiver):
             _drop_batch_move(plan, move, receiver)
-        elif _is_model_build(a, move):
+        elif _is_model_build(plan, move, models):
             plan.edits.replace(move, without_move)  # Net().to(device)
             plan.changed(move, "model placement left to prepare()")
     for loop in a.loops:
-        if _prepared_loop(a, loop):
+        if loop.scope in plan.training and prepared_loop(plan, loop):
             _drop_comprehension_moves(plan, loop)
+
+
+def _prepared_model(
+    plan: Plan, scope: Scope, key: str, node: cst.CSTNode, models: set[str]
+) -> bool:
+    """Whether ``key`` at ``node`` holds a model prepare() wraps (not a later rebuild of it)."""
+    setup = plan.setup
+    a = plan.analysis
+    found = origins(a, setup.scope, scope, key)  # type: ignore[union-attr]
+    return bool(found) and found <= models and all(setup.current(a, k, node) for k in found)  # type: ignore[union-attr]
+
+
+def _moved_elsewhere(plan: Plan, models: set[str]) -> set[str]:
+    """Prepared models the script also moves off the device (``.cpu()``, ``.to("cpu")`` to save
+    them): their moves back are kept, prepare() placed them only once."""
+    a = plan.analysis
+    out: set[str] = set()
+    for call, scope in plan.training_calls():
+        move = method_call(call, "cpu", "to")
+        if move is None or (device_move(call, a) is not None and not _to_cpu(move)):
+            continue
+        receiver = key_of(_chain_root(move.func.value))  # type: ignore[union-attr]
+        if receiver is not None and a.role(scope, receiver) is Role.MODEL:
+            out |= origins(a, plan.setup.scope, scope, receiver) & models  # type: ignore[union-attr]
+    return out
+
+
+_MODE_CALLS = ("eval", "train", "float", "half", "double", "bfloat16", "requires_grad_")
+
+
+def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``net.eval().float()`` -> ``net``: mode switches return the module itself."""
+    while (call := method_call(expr, *_MODE_CALLS)) is not None:
+        expr = call.func.value  # type: ignore[union-attr]
+    return expr
+
+
+def _to_cpu(move: cst.Call) -> bool:
+    if move.func.attr.value == "cpu":  # type: ignore[union-attr]
+        return True
+    first = move.args[0].value if move.args else None
+    return isinstance(first, cst.SimpleString) and first.evaluated_value == "cpu"
+
+
+def _is_build(a: Analysis, move: cst.Call) -> bool:
+    """``Net().to(device)``: the move of a model as it is built, before anything else runs."""
+    return (
+        isinstance(unwrap_moves(move), cst.Call)
+        and not isinstance(unwrap_moves(move), cst.Attribute)
+        and key_of(unwrap_moves(move)) is None
+        and isinstance(a.parent(move), cst.Assign)
+    )
 
 
 def _receiver_key(receiver: cst.BaseExpression) -> str | None:
@@ -74,13 +125,15 @@ def _receiver_key(receiver: cst.BaseExpression) -> str | None:
     return key_of(receiver)
 
 
-def _is_model_build(a: Analysis, move: cst.Call) -> bool:
-    """``Net().to(device)`` assigned to a model name."""
+def _is_model_build(plan: Plan, move: cst.Call, models: set[str]) -> bool:
+    """``Net().to(device)`` assigned to the model prepare() wraps."""
+    a = plan.analysis
     assign = a.parent(move)
     if not isinstance(assign, cst.Assign) or assign.value is not move:
         return False
+    scope = a.scope_of[id(move)]
     return any(
-        (key := key_of(t.target)) is not None and a.role(a.scope_of[id(move)], key) is Role.MODEL
+        (key := key_of(t.target)) is not None and _prepared_model(plan, scope, key, move, models)
         for t in assign.targets
     )
 
@@ -106,13 +159,26 @@ def _self_assign(parent: cst.CSTNode | None, receiver: str, move: cst.Call) -> b
     )
 
 
-def _is_batch(a: Analysis, move: cst.Call, receiver: str) -> bool:
-    loop = a.loop_of(move)
-    return loop is not None and _prepared_loop(a, loop) and receiver in batch_names(a, loop)
+def _is_batch(plan: Plan, move: cst.Call, receiver: str) -> bool:
+    loop = plan.analysis.loop_of(move)
+    return (
+        loop is not None
+        and prepared_loop(plan, loop)
+        and receiver in batch_names(plan.analysis, loop)
+    )
 
 
-def _prepared_loop(a: Analysis, loop: Loop) -> bool:
-    return loop.iterable is not None and a.role(loop.scope, loop.iterable) is Role.DATALOADER
+def prepared_loop(plan: Plan, loop: Loop) -> bool:
+    """A ``for`` over one loader that prepare() wraps, after it does."""
+    setup = plan.setup
+    if setup is None or loop.iterable is None:
+        return False
+    found = origins(plan.analysis, setup.scope, loop.scope, loop.iterable)
+    return (
+        bool(found)
+        and found <= setup.loaders
+        and (setup.prepare_at is None or setup.timeline.after(setup.prepare_at, loop.node))
+    )
 
 
 def batch_names(a: Analysis, loop: Loop) -> set[str]:

@@ -1,14 +1,15 @@
 """Output that every process would repeat: ``print`` and ``tqdm`` bars.
 
 ``print`` in training code becomes ``accelerator.print`` (main process only); ``tqdm(...)`` gets
-``disable=not accelerator.is_local_main_process`` so one bar per machine is drawn.
+``disable=not accelerator.is_local_main_process`` so one bar per machine is drawn. Output that runs
+before the accelerator exists (``print(args)`` at the top of ``main()``) stays as it is.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.patterns import callee_name, keyword_arg
+from accelify.transform.patterns import keyword_arg
 from accelify.transform.plan import Plan
 
 _BARS = frozenset({"tqdm", "trange"})
@@ -16,14 +17,16 @@ _BARS = frozenset({"tqdm", "trange"})
 
 def output(plan: Plan) -> None:
     for call, _scope in plan.training_calls():
-        name = callee_name(call)
+        name = plan.analysis.names.last_part(call.func)
         if isinstance(call.func, cst.Name) and name == "print":
-            accelerator = plan.accelerator(call)
-            if accelerator is not None:
-                plan.edits.replace(call.func, cst.Attribute(accelerator, cst.Name("print")))
-                plan.changed(call, "print -> accelerator.print (main process only)")
+            accelerator = plan.accelerator(call, optional=True)
+            if accelerator is None:
+                plan.info(call, "print runs before the accelerator exists: every process prints")
+                continue
+            plan.edits.replace(call.func, cst.Attribute(accelerator, cst.Name("print")))
+            plan.changed(call, "print -> accelerator.print (main process only)")
         elif name in _BARS and keyword_arg(call, "disable") is None:
-            accelerator = plan.accelerator(call)
+            accelerator = plan.accelerator(call, optional=True)
             if accelerator is None:
                 continue
             test = cst.UnaryOperation(

@@ -15,6 +15,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
 from accelify.transform.patterns import Role, dotted_name
 from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused
 
 # Wrap the call like black would past this width (the guide's own example is wrapped).
 LINE_LENGTH = 88
@@ -24,25 +25,59 @@ def prepare(plan: Plan) -> None:
     setup = plan.setup
     if setup is None or not setup.prepared:
         return
-    a = plan.analysis
-    keys = [b.key for b in setup.prepared]
-    body = list(setup.scope.body)
-    statement = plan.statement(_prepare_code(keys, setup.accelerator, _indent(a, setup.scope.node)))
-    built = [body.index(b.statement) for b in setup.prepared if b.node is not setup.scope.node]
-    if built:
-        where = body[max(built)]
-        plan.edits.insert_after(where, statement)
-    else:  # objects the snippet never builds: prepare them before their first use
+    keys = setup.keys
+    point = setup.prepare_at
+    if point is None:  # objects the snippet never builds: prepare them before their first use
+        body = setup.timeline.body().body
         live = (s for s in body if not plan.edits.is_removed(s) and mentions(s, set(keys)))
         where = next(live, None)
         if where is None:
             return
-        plan.edits.insert_before(where, statement)
-    plan.changed(where, f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()")
-    for b in setup.unprepared:
-        plan.needs_human(b.node, f"{b.key} is built conditionally: add it to prepare() by hand")
-    _report_unsharded_training(plan, keys)
+        indent = 0
+    else:
+        where = point.previous or point.next  # type: ignore[assignment]
+        indent = 4 * depth(plan, point.block)
+    statement = plan.statement(_prepare_code(keys, setup.accelerator, indent))
+    if point is not None and point.previous is not None:
+        plan.edits.insert_after(point.previous, statement)
+    else:
+        plan.edits.insert_before(where, statement)  # type: ignore[arg-type]
+    plan.changed(where, f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()")  # type: ignore[arg-type]
+    for key, binding in setup.kept_loaders.items():
+        plan.info(
+            binding.node,
+            f"{key} is not prepared: only evaluation reads it, and every process evaluates all "
+            "of it (prepare it and gather per-sample results with "
+            "accelerator.gather_for_metrics to split that work)",
+        )
+    for key, node in setup.factory_loaders.items():
+        plan.info(
+            node,
+            f"{key} comes from {setup.factory_calls[key]}, which this file does not show: "
+            "prepare() shards it if it is a torch DataLoader",
+        )
+    if setup.partly_trained:
+        _unused_parameters(plan, sorted(setup.partly_trained))
+    for node, reason in setup.unsharded:
+        plan.needs_human(
+            node,
+            f"{reason}, so every process trains on all the data; iterate a DataLoader and "
+            "prepare() it to shard the data",
+        )
     _epoch_schedulers(plan)
+
+
+def _unused_parameters(plan: Plan, models: list[str]) -> None:
+    """The optimizer trains part of a model (``encoder.fc.parameters()``): its other parameters
+    may get no gradient, which DistributedDataParallel stops on unless it is told to expect it."""
+    handler = cst.parse_expression("[DistributedDataParallelKwargs(find_unused_parameters=True)]")
+    plan.accelerator_kwargs["kwargs_handlers"] = handler
+    plan.imports.add("DistributedDataParallelKwargs")
+    plan.changed(
+        plan.setup.prepared[0].node,  # type: ignore[union-attr]
+        f"the optimizer trains part of {', '.join(models)}: DistributedDataParallel is told to "
+        "expect parameters without gradients (find_unused_parameters=True)",
+    )
 
 
 def _epoch_schedulers(plan: Plan) -> None:
@@ -58,12 +93,12 @@ def _epoch_schedulers(plan: Plan) -> None:
         ):
             per_batch[_in_batch_loop(a, call)].append(call)
     if per_batch[False] and per_batch[True]:
-        plan.needs_human(
+        raise Refused(
             per_batch[False][0],
-            "schedulers step per epoch and per batch: set "
-            "step_scheduler_with_optimizer by hand (see HF Accelerate's docs)",
+            "schedulers step per epoch and per batch: a prepared scheduler steps either once "
+            "per process or once per call, not both",
         )
-    elif per_batch[False]:
+    if per_batch[False]:
         plan.accelerator_kwargs["step_scheduler_with_optimizer"] = cst.Name("False")
         plan.changed(
             per_batch[False][0],
@@ -92,22 +127,6 @@ def _loader_loops(a: Analysis) -> list[Loop]:
     ]
 
 
-def _report_unsharded_training(plan: Plan, keys: list[str]) -> None:
-    """Without a DataLoader there is nothing to shard: every process would see all the data."""
-    a = plan.analysis
-    setup = plan.setup
-    loaders = set(keys) | setup.already_prepared  # type: ignore[union-attr]
-    if any(a.role(setup.scope, k) is Role.DATALOADER for k in loaders):  # type: ignore[union-attr]
-        return
-    training = next((loop for loop in a.loops if loop.trains), None)
-    if training is not None:
-        plan.needs_human(
-            training.node,
-            "no DataLoader feeds this loop, so every process trains on all the data; "
-            "iterate a DataLoader and prepare() it to shard the data",
-        )
-
-
 def _prepare_code(keys: list[str], accelerator: str, indent: int) -> str:
     names = ", ".join(keys)
     line = f"{names} = {accelerator}.prepare({names})"
@@ -116,11 +135,11 @@ def _prepare_code(keys: list[str], accelerator: str, indent: int) -> str:
     return f"{names} = {accelerator}.prepare(\n    {names}\n)\n"
 
 
-def _indent(a: Analysis, node: cst.CSTNode) -> int:
-    depth = 0
-    current: cst.CSTNode | None = node
+def depth(plan: Plan, block: cst.CSTNode) -> int:
+    """How many blocks deep the statements of ``block`` are (their indentation, in levels)."""
+    levels = 0
+    current: cst.CSTNode | None = block
     while current is not None:
-        if isinstance(current, cst.FunctionDef | cst.ClassDef):
-            depth += 1
-        current = a.parent(current)
-    return 4 * depth
+        levels += isinstance(current, cst.IndentedBlock)
+        current = plan.analysis.parent(current)
+    return levels

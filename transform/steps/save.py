@@ -1,66 +1,139 @@
 """``torch.save`` in training code writes once; a model is saved unwrapped, after everyone is done.
 
 Every process runs the script, so a plain ``torch.save`` writes the same file N times at once;
-``accelerator.save`` writes on the main process only. A prepared model is wrapped (DDP, FSDP,
-...): its state dict has the wrapper's key prefixes and will not load into a plain model, so it
-is unwrapped, and ``wait_for_everyone()`` makes sure no process is still training when it is saved.
+``accelerator.save`` writes on the main process only. A prepared model saved whole is unwrapped
+(its ``state_dict()`` is unwrapped by the unwrap step), and ``wait_for_everyone()`` makes sure no
+process is still training when it is saved. The wait is left out where the save runs under a
+condition that may differ between processes (a loss of this process's batch): there only some
+processes would reach it, and they would wait for the others forever.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import key_of
-from accelify.transform.patterns import Role, dotted_name, method_call
+from accelify.transform.analysis import Analysis, Scope, key_of, names_in
+from accelify.transform.patterns import Role, dotted_name, target_names
 from accelify.transform.plan import Plan
-from accelify.transform.walk import walk
+from accelify.transform.setup import origins
 
 
 def save(plan: Plan) -> None:
+    setup = plan.setup
+    if setup is None:
+        return
     a = plan.analysis
+    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    saved_at: list[cst.CSTNode] = []
     for call, scope in plan.training_calls():
-        if dotted_name(call.func) != "torch.save" or len(call.args) < 2:
+        if not a.names.refers_to(call.func, ("torch",), "save") or len(call.args) < 2:
             continue
-        models = _model_uses(plan, call.args[0].value, scope)
         statement = a.statement_of(call)
         if not isinstance(a.parent(call), cst.Expr):
             continue
-        accelerator = plan.accelerator(call)
+        saved = call.args[0].value
+        whole = _prepared(plan, scope, saved, models)
+        holds = whole or any(_prepared(plan, scope, name, models) for name in names_in(saved))
+        accelerator = plan.accelerator(call, optional=not holds)
         if accelerator is None:
-            plan.needs_human(call, "torch.save where the accelerator is not reachable")
             continue
         plan.edits.replace(call.func, cst.Attribute(accelerator, cst.Name("save")))
-        if not models:
+        saved_at.append(call)
+        if whole:
+            unwrap = cst.Call(
+                cst.Attribute(accelerator, cst.Name("unwrap_model")), args=[cst.Arg(saved)]
+            )
+            plan.edits.replace(saved, unwrap)
+        if not holds:
             plan.changed(call, "torch.save -> accelerator.save (main process only)")
             continue
-        for node in models:
-            unwrap = cst.Call(
-                cst.Attribute(accelerator, cst.Name("unwrap_model")), args=[cst.Arg(node)]
-            )
-            plan.edits.replace(node, unwrap)
-        wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")
-        # Blank lines and comments above the save now sit above the pair.
-        wait = wait.with_changes(leading_lines=statement.leading_lines)  # type: ignore[union-attr]
-        plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
-        plan.edits.replace(statement, lambda node: node.with_changes(leading_lines=()))  # type: ignore[arg-type]
+        if rank_safe(plan, statement):  # type: ignore[arg-type]
+            wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")
+            # Blank lines and comments above the save now sit above the pair.
+            wait = wait.with_changes(leading_lines=statement.leading_lines)  # type: ignore[union-attr]
+            plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
+            plan.edits.replace(statement, lambda node: node.with_changes(leading_lines=()))  # type: ignore[arg-type]
         plan.changed(call, "torch.save -> accelerator.save of the unwrapped model")
+    if saved_at:
+        _wait_before_loads(plan, saved_at)
 
 
-def _model_uses(plan: Plan, value: cst.BaseExpression, scope) -> list[cst.BaseExpression]:
-    """The model expressions inside the saved object: ``model`` in ``model.state_dict()`` etc."""
+def _wait_before_loads(plan: Plan, saves: list[cst.CSTNode]) -> None:
+    """Only the main process writes now: a ``torch.load`` after the save waits until it has."""
     a = plan.analysis
-    found: list[cst.BaseExpression] = []
+    first = min(a.line(n) for n in _anchors(plan, saves[0]))
+    for call, _scope in plan.training_calls():
+        if not a.names.refers_to(call.func, ("torch",), "load"):
+            continue
+        if min((a.line(n) for n in _anchors(plan, call)), default=0) <= first:
+            continue
+        statement = a.statement_of(call)
+        accelerator = plan.accelerator(call)
+        if not rank_safe(plan, statement):  # type: ignore[arg-type]
+            plan.needs_human(
+                call, "other processes may read this file before the main process wrote it"
+            )
+            continue
+        wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")  # type: ignore[arg-type]
+        plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
+        plan.changed(call, "waits for the main process to finish writing before loading")
 
-    class _Finder(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> bool:
-            inner = method_call(node, "state_dict")
-            key = key_of(inner.func.value) if inner is not None else None  # type: ignore[union-attr]
-            if key is not None and a.role(scope, key) is Role.MODEL:
-                found.append(inner.func.value)  # type: ignore[union-attr]
-                return False
-            return True
 
-    if (key := key_of(value)) is not None and a.role(scope, key) is Role.MODEL:
-        return [value]
-    walk(value, _Finder())
-    return found
+def _anchors(plan: Plan, node: cst.CSTNode) -> list[cst.CSTNode]:
+    found = plan.setup.timeline.anchors(node) if plan.setup is not None else None
+    return found or [node]
+
+
+def _prepared(plan: Plan, scope: Scope, expr: cst.BaseExpression, models: set[str]) -> bool:
+    """Whether ``expr`` is a name holding a prepared model there."""
+    setup = plan.setup
+    key = key_of(expr)
+    if key is None or setup is None or setup.prepare_at is None:
+        return False
+    found = origins(plan.analysis, setup.scope, scope, key)
+    return bool(found) and found <= models and setup.timeline.after(setup.prepare_at, expr)
+
+
+def rank_safe(plan: Plan, statement: cst.CSTNode) -> bool:
+    """Whether every process reaches ``statement`` alike: no condition on the way there reads a
+    value computed inside a loop (a batch's loss, a shard's count), here or at the calls into
+    its function."""
+    a = plan.analysis
+    setup = plan.setup
+    nodes = [statement]
+    anchors = setup.timeline.anchors(statement) if setup is not None else None
+    if anchors is None:
+        return False
+    nodes.extend(n for n in anchors if n is not statement)
+    return all(_conditions_safe(a, node) for node in nodes)
+
+
+def _conditions_safe(a: Analysis, node: cst.CSTNode) -> bool:
+    scope = a.scope_of.get(id(node))
+    looped = _loop_bound(a, scope) if scope is not None else set()
+    current = a.parent(node)
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        test = current.test if isinstance(current, cst.If | cst.While) else None
+        if test is not None and any(n.value in looped for n in names_in(test)):
+            return False
+        current = a.parent(current)
+    return True
+
+
+def _loop_bound(a: Analysis, scope: Scope) -> set[str]:
+    """Names a scope binds inside its loops, but for counters over ``range``/``enumerate``."""
+    out = set()
+    for b in a.bindings:
+        if b.scope is scope and b.in_loop:
+            out.add(b.key)
+    for loop in a.loops:
+        if loop.scope is scope and isinstance(loop.node, cst.For):
+            counting = isinstance(loop.node.iter, cst.Call) and dotted_name(
+                loop.node.iter.func
+            ) in {"range", "enumerate"}
+            if not counting:
+                out |= set(target_names(loop.node.target))
+    for node, where in a.augmented:
+        if where is scope:
+            out.add(node)
+    return out
