@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import runtime_bench
+import scaling
 import static
 from report import Section, machine, write
 from timing import CommandFailed
@@ -32,6 +33,7 @@ class Profile:
     import_repeats: int  # each a fresh interpreter importing torch first
     loop_repeats: int  # fresh processes per loop, on 1 and on 2 processes
     steps: int  # timed steps per loop process
+    sizes: tuple[int, int] = (2500, 10000)  # module-level assignments, small and 4x larger
 
 
 PROFILES = {
@@ -39,17 +41,30 @@ PROFILES = {
         files=200, repeats=3, startup_repeats=10, import_repeats=7, loop_repeats=3, steps=2000
     ),
     "quick": Profile(
-        files=12, repeats=3, startup_repeats=5, import_repeats=3, loop_repeats=1, steps=500
+        files=12,
+        repeats=3,
+        startup_repeats=5,
+        import_repeats=3,
+        loop_repeats=1,
+        steps=500,
+        sizes=(1000, 4000),
     ),
     # Only proves that every section runs; the numbers mean nothing (tests/test_benchmarks.py).
     "smoke": Profile(
-        files=4, repeats=1, startup_repeats=1, import_repeats=1, loop_repeats=1, steps=20
+        files=4,
+        repeats=1,
+        startup_repeats=1,
+        import_repeats=1,
+        loop_repeats=1,
+        steps=20,
+        sizes=(50, 200),
     ),
 }
 
 SECTIONS: dict[str, Callable[[Profile, Path], Section]] = {
     "throughput": lambda p, work: static.throughput(work, p.files, p.repeats),
     "startup": lambda p, work: static.startup(work, p.startup_repeats),
+    "scaling": lambda p, _: scaling.scaling(p.sizes, p.repeats),
     "imports": lambda p, _: runtime_bench.imports(p.import_repeats),
     "per_step": lambda p, _: runtime_bench.per_step(p.loop_repeats, p.steps),
     "distributed": lambda p, _: runtime_bench.distributed(p.loop_repeats, p.steps),
