@@ -105,8 +105,10 @@ class PreparedScheduler:
             scheduler.step(*args, **kwargs)
             return
         if not self._shared.sync_gradients:
-            if hasattr(scheduler, "_step_count"):
-                scheduler._step_count += 1  # keeps torch's "step order" warning quiet
+            # Between accumulation steps nothing moves, ``_step_count`` included: HF Accelerate
+            # counts them only with ``adjust_scheduler``, which a plain
+            # ``Accelerator(gradient_accumulation_steps=N)`` leaves off, and OneCycleLR's
+            # ``total_steps`` guard below reads it.
             return
         for optimizer in self.optimizers:
             if optimizer.step_was_skipped:

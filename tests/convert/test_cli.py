@@ -25,6 +25,8 @@ from accelify.transform import cli
 from accelify.transform.console import package_version
 from accelify.transform.convert import Note, Options, Result, convert
 
+from .conftest import CASES_DIR
+
 SCRIPT = """\
 import torch
 
@@ -433,6 +435,21 @@ def test_real_check_finds_the_script_needs_converting() -> None:
     result = run("--check", "a.py")
     assert result.exit_code == 1
     assert "1 file would be converted" in result.stderr
+
+
+def test_check_passes_on_every_converted_golden_output() -> None:
+    """A converted script needs nothing more: the pre-commit hook passes on its own output."""
+    outputs = sorted(str(p) for p in CASES_DIR.rglob("*.out.py"))
+    result = run("--check", *outputs)
+    assert result.exit_code == 0, result.stderr
+    assert f"0 files would be converted, {len(outputs)} unchanged" in result.stderr
+
+
+def test_check_passes_on_accelerate_scripts_and_says_why() -> None:
+    write("hf.py", (CASES_DIR / "already" / "hf_script.in.py").read_text())
+    result = run("--check", "hf.py")
+    assert result.exit_code == 0
+    assert "hf.py:4: already an Accelerate script (imports accelerate.Accelerator)" in result.stderr
 
 
 def test_the_cli_never_imports_torch() -> None:

@@ -123,3 +123,30 @@ def test_optimizer_state_loaded_before_prepare_follows_the_model_to_the_device()
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
     assert all(s["exp_avg"].is_cuda for s in optimizer.state.values())
+
+
+def _one_cycle_lrs(accelerator_class) -> list[float]:
+    """Learning rates of a OneCycleLR sized for the optimizer steps of 2 epochs of 3 windows."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=6)
+    accelerator = accelerator_class(cpu=True, gradient_accumulation_steps=2)
+    model, optimizer, loader, scheduler = accelerator.prepare(
+        model, optimizer, DataLoader(_data(6), batch_size=2), scheduler
+    )
+    lrs = []
+    for _ in range(2):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            lrs.append(scheduler.get_last_lr()[0])
+    return lrs
+
+
+def test_a_one_cycle_schedule_runs_to_its_end_under_accumulation_like_hf() -> None:
+    """Steps between accumulation windows must not count towards OneCycleLR's total_steps."""
+    hf = pytest.importorskip("accelerate")
+    assert _one_cycle_lrs(Accelerator) == _one_cycle_lrs(hf.Accelerator)
