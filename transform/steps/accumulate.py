@@ -354,17 +354,26 @@ def _apply(plan: Plan, found: _Accumulation) -> None:
 
 
 def _is_step_call(plan: Plan, statement: cst.BaseStatement) -> bool:
-    """``optimizer.step()``, ``zero_grad()``, ``scheduler.step()``, a clip: what accumulate()
-    already skips between steps."""
+    """``optimizer.step()``, ``optimizer.zero_grad()``, ``scheduler.step()``, a clip: what
+    accumulate() already skips between steps."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
     for small in statement.body:
         call = small.value if isinstance(small, cst.Expr) else None
         if not isinstance(call, cst.Call) or callee_name(call) not in _STEP_CALLS:
             return False
-        if callee_name(call) in {"step", "zero_grad"} and not _steps_training_object(plan, call):
+        if callee_name(call) in {"step", "zero_grad"} and not _steps_optimizer(plan, call):
             return False
     return True
+
+
+def _steps_optimizer(plan: Plan, call: cst.Call) -> bool:
+    """``optimizer.step()``/``zero_grad()`` or ``scheduler.step()``: the prepared ones do nothing
+    between accumulation steps (a model's own ``zero_grad()`` would still clear the gradients)."""
+    a = plan.analysis
+    key = key_of(call.func.value)  # type: ignore[union-attr]
+    role = a.role(a.scope_of[id(call)], key) if key is not None else None
+    return role in (Role.OPTIMIZER, Role.SCHEDULER)
 
 
 def _wrap(plan: Plan, loop: Loop, last: cst.BaseStatement, unwrap_if: cst.If | None) -> None:
