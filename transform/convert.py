@@ -128,18 +128,25 @@ def _explain_no_setup(plan: Plan) -> None:
     if not a.backward_calls:
         return
     call, scope, _loop = a.backward_calls[0]
-    where = "this file" if scope.is_module else f"{scope.name}()"
+    here = "at module level" if scope.is_module else f"in {scope.name}()"
     optimizers = [b for b in a.bindings if a.role(b.scope, b.key) is Role.OPTIMIZER]
     if not optimizers:
         why = "no optimizer steps this training (it updates its parameters by hand)"
     elif not any(_takes_parameters(a, b) for b in optimizers):
         why = "its optimizer trains tensors, not a model's parameters"
+    elif built := next((b for b in optimizers if isinstance(b.value, cst.Call)), None):
+        there = "at module level" if built.scope.is_module else f"in {built.scope.name}()"
+        why = (
+            f"the training step {here} does not run from where its optimizer is built "
+            f"({there}, line {a.line(built.node)}): it is reached through an object or a "
+            "return value accel-convert does not follow; convert by hand"
+        )
     else:
         why = (
-            f"its model and optimizer are not both built in {where} or in a function that "
-            "calls it; convert the script that builds them"
+            f"the model and optimizer of the training step {here} come from outside this "
+            "file; convert the script that builds them"
         )
-    plan.info(call, f"left unchanged: {why}")
+    plan.needs_human(call, f"left unchanged: {why}")
 
 
 def _takes_parameters(a: Analysis, optimizer: Binding) -> bool:

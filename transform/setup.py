@@ -332,6 +332,12 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 f"{scope.cls.name.value if scope.cls else 'this module'} trains itself from its "
                 "own method; prepare() wraps a module from outside it",
             )
+        if key in scope.params:
+            raise Refused(
+                optimizers[0].node,
+                f"{key} comes in as a parameter of {scope.name}(): whoever calls it owns the "
+                "model (and may share it with other processes); convert where it is built",
+            )
         if not _bound_here(a, scope, key):
             raise Refused(
                 optimizers[0].node,
@@ -449,7 +455,30 @@ def _loader_uses(
         if where in setup.reach and callee_name(call) == "iter" and len(call.args) == 1:
             key = key_of(call.args[0].value)
             if key is not None:
-                yield call, where, key, where in trains
+                yield call, where, key, _next_in_training(a, call, trains)
+
+
+def _next_in_training(a: Analysis, call: cst.Call, trains: set[Scope]) -> bool:
+    """Whether batches drawn from ``iter(loader)`` feed a training loop: ``next()`` of it (or of
+    the name it is bound to) runs inside a loop that trains."""
+    parent = a.parent(a.parent(call) or call)
+    nexts: list[cst.CSTNode] = []
+    if isinstance(parent, cst.Call) and callee_name(parent) == "next":
+        nexts.append(parent)
+    assign = a.parent(call)
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+        name = key_of(assign.targets[0].target)
+        scope = a.scope_of[id(call)]
+        nexts += [
+            c
+            for c, where in a.calls
+            if where is scope
+            and callee_name(c) == "next"
+            and c.args
+            and key_of(c.args[0].value) == name
+        ]
+    loops = [lp for lp in a.loops if _loop_trains(a, lp, trains)]
+    return any(a.contains(lp.node, n) for n in nexts for lp in loops)
 
 
 def _trains(a: Analysis) -> set[Scope]:
@@ -577,6 +606,16 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     positions = [timeline.index(block, timeline.top_in(block, n)) for n in anchors]  # type: ignore[arg-type]
     if after_scope:
         positions.append(len(block.body))
+    built = [
+        timeline.index(block, top)
+        for b in a.bindings
+        if b.scope is setup.scope
+        and b.key in setup.keys
+        and (top := timeline.top_in(block, b.node)) is not None
+    ]
+    # A backward before any training object exists (an autograd demo) does not train them.
+    start = min(built, default=0)
+    positions = [p for p in positions if p >= start] or positions
     first = min(positions)
     index = 0
     for b in setup.prepared:
@@ -592,8 +631,15 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
             elif at == first:
                 raise Refused(build.node, f"{b.key} is built inside the training loop")
             elif any(position > at for position in positions):
+                again = any(
+                    timeline.top_in(block, x.node) is not None
+                    and timeline.index(block, timeline.top_in(block, x.node)) < at  # type: ignore[arg-type]
+                    for x in a.bindings
+                    if x.scope is setup.scope and x.key == b.key
+                )
+                what = "built again here" if again else "built only here, after training starts"
                 raise Refused(
-                    build.node, f"{b.key} is built again here and trained again; convert by hand"
+                    build.node, f"{b.key} is {what}, and training uses it; convert by hand"
                 )
             else:
                 setup.rebuilds.setdefault(b.key, []).append(build)

@@ -18,6 +18,7 @@ from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
 from accelify.transform.steps.prepare import LINE_LENGTH
 from accelify.transform.steps.prepare import depth as _depth
+from accelify.transform.steps.writes import side_effects
 
 _SOURCES = {
     "accelify": dict.fromkeys(
@@ -104,6 +105,10 @@ def _creation_point(plan: Plan) -> Point:
         for b in a.bindings
         if b.scope is scope and b.key in setup.keys and (top := t.top_in(block, b.node))
     ]
+    # Disk effects before the builds (a download, a folder made) go to the main process: the
+    # accelerator should exist by then.
+    early = [n for _c, statement, _how in side_effects(plan) for n in t.anchors(statement) or ()]
+    builds += [t.index(block, top) for n in early if (top := t.top_in(block, n)) is not None]
     index = min([limit, *musts, *builds])
     needed = {name.value for v in _kwargs(plan).values() for name in names_in(v)}
     for b in a.bindings:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Loop, mentions
+from accelify.transform.analysis import Loop, key_of, mentions
 from accelify.transform.patterns import callee_name, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
@@ -31,6 +31,7 @@ def metrics(plan: Plan) -> None:
             continue
         _gather_metric_inputs(plan, loop)
         _report_sums(plan, loop)
+    _report_dataset_averages(plan)
     for comp, scope, key in a.comprehensions:
         found = origins(a, setup.scope, scope, key)
         if scope in plan.training and found and found <= setup.loaders:
@@ -84,3 +85,30 @@ def _aug_assigns(node: cst.CSTNode) -> list[cst.AugAssign]:
 
     walk(node, _Finder())
     return found
+
+
+def _report_dataset_averages(plan: Plan) -> None:
+    """``total / len(loader.dataset)`` over a prepared loader: each process summed its shard, and
+    divides by the whole dataset's length (on N processes it prints 1/N of the average)."""
+    a = plan.analysis
+    setup = plan.setup
+    for call, scope in plan.training_calls():
+        division = a.parent(call)
+        if not (
+            callee_name(call) == "len"
+            and len(call.args) == 1
+            and isinstance(arg := call.args[0].value, cst.Attribute)
+            and arg.attr.value == "dataset"
+            and isinstance(division, cst.BinaryOperation)
+            and isinstance(division.operator, cst.Divide)
+            and division.right is call
+        ):
+            continue
+        key = key_of(arg.value)
+        found = origins(a, setup.scope, scope, key) if key is not None else set()  # type: ignore[union-attr]
+        if found and found <= setup.loaders:  # type: ignore[union-attr]
+            plan.needs_human(
+                call,
+                f"divides this process's sum by the whole dataset's length: each process sees "
+                f"its shard of {key} only (gather or reduce the sum first)",
+            )

@@ -14,7 +14,7 @@ from accelify.transform import patterns
 from accelify.transform.analysis import Analysis, Loop, Scope, key_of, unwrap_moves
 from accelify.transform.patterns import Role, dotted_name, is_device, method_call, target_names
 from accelify.transform.plan import Plan
-from accelify.transform.setup import origins
+from accelify.transform.setup import Refused, origins
 
 
 def device_move(call: cst.CSTNode, a: Analysis) -> cst.Call | None:
@@ -78,17 +78,40 @@ def _prepared_model(
 
 def _moved_elsewhere(plan: Plan, models: set[str]) -> set[str]:
     """Prepared models the script also moves off the device (``.cpu()``, ``.to("cpu")`` to save
-    them): their moves back are kept, prepare() placed them only once."""
+    them): their moves back are kept, prepare() placed them only once. Moved off and back while
+    training goes on, a DistributedDataParallel model stops averaging gradients (the parameters'
+    hooks are lost): that is refused."""
     a = plan.analysis
+    setup = plan.setup
     out: set[str] = set()
     for call, scope in plan.training_calls():
         move = method_call(call, "cpu", "to")
         if move is None or (device_move(call, a) is not None and not _to_cpu(move)):
             continue
         receiver = key_of(_chain_root(move.func.value))  # type: ignore[union-attr]
-        if receiver is not None and a.role(scope, receiver) is Role.MODEL:
-            out |= origins(a, plan.setup.scope, scope, receiver) & models  # type: ignore[union-attr]
+        if receiver is None or a.role(scope, receiver) is not Role.MODEL:
+            continue
+        moved = origins(a, setup.scope, scope, receiver) & models  # type: ignore[union-attr]
+        if moved and _training_goes_on(plan, call):
+            raise Refused(
+                call,
+                f"{receiver} is moved off its device while training goes on: the prepared "
+                "(DistributedDataParallel) model would stop synchronising; save "
+                f"accelerator.unwrap_model({receiver}).state_dict() without moving it",
+            )
+        out |= moved
     return out
+
+
+def _training_goes_on(plan: Plan, node: cst.CSTNode) -> bool:
+    """Inside a loop that trains (``for epoch ...`` around the batch loop counts)."""
+    a = plan.analysis
+    current = a.parent(node)
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        if any(lp.node is current and lp.trains for lp in a.loops):
+            return True
+        current = a.parent(current)
+    return False
 
 
 _MODE_CALLS = ("eval", "train", "float", "half", "double", "bfloat16", "requires_grad_")
@@ -118,8 +141,17 @@ def _is_build(a: Analysis, move: cst.Call) -> bool:
     )
 
 
+_SHAPE_CALLS = (
+    "reshape", "view", "flatten", "squeeze", "unsqueeze", "permute", "transpose", "contiguous",
+    "float", "long", "int", "half", "double", "bool",
+)  # fmt: skip
+
+
 def _receiver_key(receiver: cst.BaseExpression) -> str | None:
-    """``x`` for ``x.to(...)`` and for ``x[0].to(...)`` / ``x["ids"].to(...)``."""
+    """``x`` for ``x.to(...)``, ``x[0].to(...)``, ``x["ids"].to(...)`` and
+    ``x.reshape(-1, 784).to(...)``: the moved tensor is ``x``, reshaped or cast."""
+    while (call := method_call(receiver, *_SHAPE_CALLS)) is not None:
+        receiver = call.func.value  # type: ignore[union-attr]
     if isinstance(receiver, cst.Subscript):
         receiver = receiver.value
     return key_of(receiver)

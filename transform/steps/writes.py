@@ -1,24 +1,30 @@
-"""Files every process would write are written by the main process.
+"""What every process would do to the disk at once: done by the main process, or first by it.
 
 Every process runs the script, so ``save_image(...)``, ``plt.savefig(...)``, ``np.save(...)`` or a
 ``with open(path, "w")`` block would write the same file N times at once, interleaved, and
 ``os.remove``/``os.makedirs`` would race (one process removes what another just removed). Each goes
-under ``if accelerator.is_main_process:``. A write that also runs the prepared model
-(``save_image(model(x), ...)``) is reported instead: every process has to run the model's forward
-together, so it cannot move under the guard.
+under ``if accelerator.is_main_process:``. A dataset built with ``download=True`` (or a function of
+the script that downloads) goes under ``with accelerator.main_process_first():``: the main process
+downloads, the others then read what it wrote.
+
+A write that also runs the prepared model (``save_image(model(x), ...)``) is reported instead:
+every process has to run the model's forward together. So are loggers every process would open
+(a ``SummaryWriter`` per process, a wandb run per process): where their calls go is the script's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 
-from accelify.transform.analysis import key_of
-from accelify.transform.patterns import Role, callee_name, dotted_name
+from accelify.transform.analysis import Scope, key_of
+from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 from accelify.transform.walk import Visitor, walk
 
-# (package, function) writing a file named by its arguments.
+# (function) -> packages it comes from: it writes the file named by its arguments.
 _WRITERS = {
     "save_image": ("torchvision",),
     "save": ("numpy",),
@@ -26,6 +32,7 @@ _WRITERS = {
     "savez_compressed": ("numpy",),
     "savetxt": ("numpy",),
     "imsave": ("matplotlib", "imageio", "skimage"),
+    "show": ("matplotlib",),
     "remove": ("os",),
     "unlink": ("os",),
     "rmtree": ("shutil",),
@@ -34,36 +41,97 @@ _WRITERS = {
 }
 _WRITER_METHODS = frozenset({"savefig", "to_csv"})
 _WRITE_MODES = frozenset("wax")
+# Calls that fetch files: a function of the script making one downloads.
+_FETCHES = frozenset(
+    {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
+)
+_LOGGERS = ("SummaryWriter", "Logger", "Writer")
 
 
 def writes(plan: Plan) -> None:
     if plan.setup is None:
         return
-    for call, _scope in plan.training_calls():
-        statement = _written_by(plan, call)
-        if statement is None:
+    for call, statement, how in side_effects(plan):
+        if how == "fetches":
+            plan.needs_human(
+                call,
+                "every process downloads or extracts here at once: do it on the main process "
+                "(if accelerator.is_main_process:), then accelerator.wait_for_everyone()",
+            )
             continue
         if _runs_model(plan, statement):
             plan.needs_human(
                 call,
-                "every process writes this file, and the write also runs the prepared model: "
-                "compute first, then write under `if accelerator.is_main_process:`",
+                "every process does this, and it also runs the prepared model: compute first, "
+                "then do it on the main process only",
             )
             continue
         accelerator = plan.accelerator(call, optional=True)
         if accelerator is None:
+            plan.needs_human(
+                call, f"every process {how} here at once (before the accelerator exists)"
+            )
             continue
-        test = cst.Attribute(accelerator, cst.Name("is_main_process"))
-        plan.edits.replace(
-            statement,
-            lambda node, test=test: cst.If(
-                test=test,
-                body=cst.IndentedBlock(body=[node.with_changes(leading_lines=())]),
-                leading_lines=node.leading_lines,
-            ),
-        )
-        what = dotted_name(call.func) if callee_name(call) != "open" else "open(..., 'w')"
-        plan.changed(call, f"{what} runs on the main process only")
+        if how == "downloads":
+            _first(plan, statement, accelerator)
+            plan.changed(call, "downloads on the main process first (main_process_first)")
+        else:
+            _guard(plan, statement, accelerator)
+            plan.changed(call, f"{_what(call)} runs on the main process only")
+    _report_loggers(plan)
+
+
+def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]]:
+    """(call, its statement, how) for each disk effect in training code: "writes" (guarded),
+    "downloads" (main process first) or "fetches" (download code written out: reported)."""
+    a = plan.analysis
+    for call, _scope in plan.training_calls():
+        statement = _written_by(plan, call)
+        if statement is not None:
+            yield call, statement, "writes"
+            continue
+        statement = _downloaded_by(plan, call)
+        if statement is not None:
+            yield call, statement, "downloads"
+        elif _fetch(plan, call) and (line := a.statement_of(call)) is not None:
+            yield call, line, "fetches"
+
+
+def _guard(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
+    test = cst.Attribute(accelerator, cst.Name("is_main_process"))
+    plan.edits.replace(
+        statement,
+        lambda node: cst.If(
+            test=test,
+            body=cst.IndentedBlock(body=[node.with_changes(leading_lines=())]),
+            leading_lines=node.leading_lines,
+        ),
+    )
+
+
+def _first(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
+    item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
+    plan.edits.replace(
+        statement,
+        lambda node: cst.With(
+            items=[item],
+            body=cst.IndentedBlock(body=[node.with_changes(leading_lines=())]),
+            leading_lines=node.leading_lines,
+        ),
+    )
+
+
+def _what(call: cst.Call) -> str:
+    return "open(..., 'w')" if callee_name(call) == "open" else dotted_name(call.func) or "this"
+
+
+def _alone(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
+    """The line holding ``call`` when it holds nothing else (``x = f(g(...))``, ``f(...)``): the
+    form that can move under a guard or into a ``with`` block whole."""
+    statement = plan.analysis.statement_of(call)
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement
+    return None
 
 
 def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
@@ -78,15 +146,40 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
     writes_file = (name in _WRITERS and a.names.from_package(call.func, *_WRITERS[name])) or (
         name in _WRITER_METHODS and isinstance(call.func, cst.Attribute)
     )
-    statement = a.statement_of(call)
-    if (
-        writes_file
-        and isinstance(a.parent(call), cst.Expr)
-        and isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-    ):
-        return statement
-    return None
+    if not writes_file or not isinstance(a.parent(call), cst.Expr):
+        return None  # a write inside a bigger expression is not the line's only effect
+    return _alone(plan, call)
+
+
+def _downloaded_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
+    """The line that downloads through ``call``: ``Dataset(..., download=True)`` or a function of
+    the script that fetches files."""
+    a = plan.analysis
+    name = dotted_name(call.func)
+    local = a.functions.get(name) if name else None
+    if not _download_flag(call) and (local is None or not _fetches(plan, local)):
+        return None
+    return _alone(plan, call)
+
+
+def _fetches(plan: Plan, function: Scope) -> bool:
+    return any(
+        where is function and (_fetch(plan, call) or _download_flag(call))
+        for call, where in plan.analysis.calls
+    )
+
+
+def _fetch(plan: Plan, call: cst.Call) -> bool:
+    """``urlretrieve(...)``, ``requests.get(...)``, ``tar.extractall()``, ..."""
+    names = plan.analysis.names
+    return names.last_part(call.func) in _FETCHES or (
+        names.last_part(call.func) == "get" and names.from_package(call.func, "requests")
+    )
+
+
+def _download_flag(call: cst.Call) -> bool:
+    flag = keyword_arg(call, "download")
+    return flag is not None and isinstance(flag.value, cst.Name) and flag.value.value == "True"
 
 
 def _writing_mode(call: cst.Call) -> bool:
@@ -101,6 +194,23 @@ def _writing_mode(call: cst.Call) -> bool:
     )
 
 
+def _report_loggers(plan: Plan) -> None:
+    """A logger every process opens writes N event files or runs: say so where it is built."""
+    a = plan.analysis
+    for call, _scope in plan.training_calls():
+        qualified = a.names.qualify(call.func) or dotted_name(call.func) or ""
+        last = qualified.rsplit(".", 1)[-1]
+        wandb = qualified == "wandb.init"
+        logger = last.endswith(_LOGGERS) and not qualified.startswith("logging.")
+        if (wandb or logger) and isinstance(a.parent(call), cst.Assign | cst.Expr):
+            what = "wandb run" if wandb else last
+            plan.needs_human(
+                call,
+                f"every process opens its own {what} here: open it, and log, on the main "
+                "process only (if accelerator.is_main_process:)",
+            )
+
+
 def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
     """Whether ``statement`` calls a prepared model."""
     a = plan.analysis
@@ -113,7 +223,7 @@ def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
             nonlocal found
             key = key_of(node.func)
             if key is None and isinstance(node.func, cst.Attribute):
-                key = key_of(node.func.value) if dotted_name(node.func) else None
+                key = key_of(node.func.value)
             scope = a.scope_of.get(id(node))
             if key is not None and scope is not None:
                 found = found or bool(origins(a, setup.scope, scope, key) & models)  # type: ignore[union-attr]
