@@ -75,7 +75,7 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     record = json.loads((tmp_path / "results" / "latest.json").read_text())
     sections = {s["key"]: s for s in record["sections"]}
-    assert list(sections) == ["throughput", "startup", "imports", "per_step", "distributed", "gpu"]
+    assert list(sections) == ["throughput", "startup", "scaling", "imports", "per_step", "distributed", "gpu"]
     for key, section in sections.items():
         if key == "gpu" and section["status"].startswith("skipped"):
             continue
