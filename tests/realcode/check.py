@@ -1,0 +1,109 @@
+"""Re-run accel-convert over checkouts of public repositories and compare with reviewed verdicts.
+
+    python tests/realcode/check.py ROOT [--verdicts tests/realcode/convert_verdicts.csv]
+
+ROOT holds the checkouts, one folder per repository named ``owner+name`` (as the search tool's
+``fetch`` names them). Each row of the verdicts file is one training script a person reviewed:
+its path under ROOT, what the converter did with it then (``outcome``), the first line the report
+points at, the reviewer's verdict and a one-line reason. No third-party code is kept here, only
+these judgements. The command prints the table and exits 1 when the converter now does something
+else with a script than what was reviewed (the verdict has to be looked at again), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelify.transform.convert import Result, convert
+from accelify.transform.sources import SourceError, read
+
+HERE = Path(__file__).parent
+VERDICTS = HERE / "convert_verdicts.csv"
+FIELDS = ["path", "outcome", "line", "verdict", "reason"]
+# What a reviewer may conclude. "wrong" and "silent" are never recorded as accepted: they are
+# fixed first. "cross-file-limit" is a defect a one-file conversion cannot see (it lives in
+# another file the script imports); it is kept as data so that it stays in sight.
+VERDICTS_ALLOWED = frozenset(
+    {
+        "correct-full",
+        "correct-partial",
+        "refused-with-reason",
+        "unchanged-no-training",
+        "cross-file-limit",
+    }
+)
+OUTCOMES = frozenset({"converted", "converted-with-notes", "unchanged-with-reason", "unchanged"})
+
+
+@dataclass(frozen=True)
+class Row:
+    path: str
+    outcome: str
+    line: int
+    verdict: str
+    reason: str
+
+
+def outcome(result: Result) -> tuple[str, int]:
+    """What the converter did, in the words of the table, and the first line it reports on."""
+    reasons = [n for n in result.notes if n.manual or n.info]
+    first = min((n.line for n in reasons), default=0)
+    if not result.changed:
+        return ("unchanged-with-reason" if reasons else "unchanged"), first
+    if any(n.manual for n in result.notes):
+        return "converted-with-notes", first
+    return "converted", first
+
+
+def load(path: Path) -> list[Row]:
+    with path.open(newline="") as handle:
+        return [
+            Row(r["path"], r["outcome"], int(r["line"]), r["verdict"], r["reason"])
+            for r in csv.DictReader(handle)
+        ]
+
+
+def check(root: Path, rows: list[Row]) -> list[str]:
+    """One message per script whose outcome moved since it was reviewed (or is not there)."""
+    problems = []
+    for row in rows:
+        file = root / row.path
+        if not file.exists():
+            problems.append(f"{row.path}: not found under {root}")
+            continue
+        try:
+            result = convert(read(str(file)).text, path=str(file))
+        except SourceError as err:
+            problems.append(f"{row.path}: {err}")
+            continue
+        now, line = outcome(result)
+        if (now, line) != (row.outcome, row.line):
+            problems.append(
+                f"{row.path}: reviewed as {row.outcome} (line {row.line}), now {now} "
+                f"(line {line}): review it again"
+            )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="folder holding the owner+name checkouts")
+    parser.add_argument("--verdicts", type=Path, default=VERDICTS)
+    args = parser.parse_args(argv)
+    rows = load(args.verdicts)
+    table = Counter((r.path.split("/", 1)[0], r.verdict) for r in rows)
+    for (repo, verdict), count in sorted(table.items()):
+        print(f"{repo:40} {verdict:24} {count}")
+    problems = check(args.root, rows)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

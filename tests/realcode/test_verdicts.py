@@ -1,0 +1,46 @@
+"""The reviewed verdicts on real training scripts: well-formed always, re-checked on demand.
+
+The checkouts are not part of the repository (third-party code stays out of it): set
+``ACCELIFY_REALCODE`` to a folder of ``owner+name`` checkouts (``pytorch+examples``,
+``yunjey+pytorch-tutorial``) to convert them again and compare with what was reviewed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from check import OUTCOMES, VERDICTS, VERDICTS_ALLOWED, check, load
+
+ROWS = load(VERDICTS)
+
+
+def test_every_row_is_a_reviewed_acceptable_verdict() -> None:
+    assert len(ROWS) >= 50
+    assert len({r.path for r in ROWS}) == len(ROWS)
+    for row in ROWS:
+        assert row.verdict in VERDICTS_ALLOWED, row
+        assert row.outcome in OUTCOMES, row
+        assert len(row.reason) > 20, row
+
+
+def test_verdicts_agree_with_outcomes() -> None:
+    """A refusal was an unchanged file with its reason; a correct conversion changed the file."""
+    for row in ROWS:
+        if row.verdict == "refused-with-reason":
+            assert row.outcome == "unchanged-with-reason" and row.line > 0, row
+        if row.verdict.startswith("correct"):
+            assert row.outcome.startswith("converted"), row
+        if row.verdict == "correct-partial":
+            assert row.line > 0, row  # what is left to do is reported on a line
+
+
+@pytest.mark.skipif(not os.environ.get("ACCELIFY_REALCODE"), reason="set ACCELIFY_REALCODE")
+def test_the_converter_still_does_what_was_reviewed() -> None:
+    root = Path(os.environ["ACCELIFY_REALCODE"])
+    assert check(root, ROWS) == []
