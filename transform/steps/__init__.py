@@ -1,9 +1,9 @@
 """One module per conversion step; :mod:`accelify.transform.convert` runs them in this order.
 
-The amp and accumulate steps come first because they decide the ``Accelerator(...)`` arguments,
-which fix where it can be created (``place``); every later step may only use it after that
-point. Writing the accelerator and handing it to other functions come last because every other
-step may ask for it.
+The amp, accumulate and cpu_choice steps come first because they decide the
+``Accelerator(...)`` arguments, which fix where it can be created (``place``); every later step
+may only use it after that point. Writing the accelerator and handing it to other functions come
+last because every other step may ask for it.
 """
 
 from accelify.transform.plan import Step
@@ -12,6 +12,7 @@ from accelify.transform.steps.accumulate import accumulate
 from accelify.transform.steps.amp import amp
 from accelify.transform.steps.backward import backward
 from accelify.transform.steps.clip import clip
+from accelify.transform.steps.cpu_choice import cpu_choice
 from accelify.transform.steps.device import device
 from accelify.transform.steps.metrics import metrics
 from accelify.transform.steps.moves import moves
@@ -26,6 +27,7 @@ from accelify.transform.steps.writes import writes
 STEPS: list[Step] = [
     amp,
     accumulate,
+    cpu_choice,
     place,
     device,
     moves,

@@ -34,8 +34,34 @@ _SOURCES = {
 
 def place(plan: Plan) -> None:
     """Fix where the accelerator is created; later steps may only use it after that point."""
-    if plan.setup is not None:
-        plan.setup.create_at = _creation_point(plan)
+    setup = plan.setup
+    if setup is None:
+        return
+    flag = plan.accelerator_kwargs.pop("cpu", None)
+    setup.create_at = _creation_point(plan)
+    if flag is None or plan.cpu_choice is None:
+        return
+    # The script's choice of the CPU is carried over only where it does not move the accelerator
+    # later (after a download it must guard, or past where the training needs it).
+    plan.accelerator_kwargs["cpu"] = flag
+    try:
+        later = _creation_point(plan)
+    except Refused:
+        later = None
+    code = plan.analysis.module.code_for_node(flag)
+    same = later is not None and (later.block, later.index) == (
+        setup.create_at.block,
+        setup.create_at.index,
+    )
+    if same:
+        plan.changed(plan.cpu_choice, f"the script's choice of the CPU carries over: cpu={code}")
+        return
+    del plan.accelerator_kwargs["cpu"]
+    plan.needs_human(
+        plan.cpu_choice,
+        f"the accelerator now picks the device: Accelerator(cpu={code}) would keep this choice "
+        "of the CPU, but it is decided after the accelerator must exist",
+    )
 
 
 def accelerator(plan: Plan) -> None:

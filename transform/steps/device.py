@@ -100,7 +100,7 @@ def _one_device(plan: Plan, bindings: list[Binding]) -> None:
         value = cst.Attribute(value, cst.Name("type"))
     code = a.module.code_for_node(value)
     holder = _holder(plan, first)
-    chain = _device_chain(a, first) if holder is not None else None
+    chain = device_chain(a, first) if holder is not None else None
     if chain is not None:
         assign = plan.statement(f"{key} = {code}\n")
         plan.edits.replace(
@@ -188,7 +188,7 @@ def _string_use(a: Analysis, name: cst.Name) -> bool:
     return False
 
 
-def _device_chain(a: Analysis, binding: Binding) -> cst.If | None:
+def device_chain(a: Analysis, binding: Binding) -> cst.If | None:
     """The ``if``/``elif``/``else`` right around ``binding`` when each branch only sets it to a
     device."""
     top: cst.CSTNode | None = a.enclosing(binding.node, cst.If)

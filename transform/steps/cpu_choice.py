@@ -1,0 +1,110 @@
+"""The script's own way to ask for the CPU becomes ``Accelerator(cpu=...)``.
+
+``device = torch.device("cuda" if use_cuda else "cpu")`` (or an ``if``/``else`` that picks the
+two) gives way to ``accelerator.device``; without this step a ``--no-cuda`` flag would stop
+working and the converted script would take the GPU anyway. The condition goes over as it is
+(``cpu=not use_cuda``), so it is read where the accelerator is created: :func:`place` drops it,
+with a note, when that is too early. A condition made only of ``*.is_available()`` calls needs no
+flag: the accelerator makes the same choice.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis, Binding
+from accelify.transform.patterns import Role, dotted_name, is_device
+from accelify.transform.plan import Plan
+from accelify.transform.steps.device import device_chain
+
+
+def cpu_choice(plan: Plan) -> None:
+    setup = plan.setup
+    if setup is None:
+        return
+    a = plan.analysis
+    bindings = [
+        b
+        for b in a.bindings
+        if b.scope is setup.scope
+        and isinstance(b.node, cst.Assign)
+        and a.role(b.scope, b.key) is Role.DEVICE
+    ]
+    if len({b.key for b in bindings}) != 1:
+        return  # no device, or several: no one choice to carry over
+    found = _condition(a, bindings)
+    if found is None:
+        return
+    condition, cpu_when_true = found
+    if _availability_only(a, condition, bindings[0]):
+        return
+    flag = condition if cpu_when_true else _negated(a, condition)
+    plan.accelerator_kwargs["cpu"] = flag
+    plan.cpu_choice = bindings[0].node
+
+
+def _condition(a: Analysis, bindings: list[Binding]) -> tuple[cst.BaseExpression, bool] | None:
+    """(condition, whether true means the CPU) of a two-way choice between the CPU and another
+    device, written as a conditional expression or as an ``if``/``else``."""
+    if len(bindings) == 1:
+        value = bindings[0].value
+        if isinstance(value, cst.Call) and len(value.args) == 1:  # torch.device(<choice>)
+            value = value.args[0].value
+        if isinstance(value, cst.IfExp):
+            return _sides(value.test, value.body, value.orelse)
+        return None
+    chain = device_chain(a, bindings[0])
+    if len(bindings) != 2 or chain is None or not isinstance(chain.orelse, cst.Else):
+        return None
+    first, second = (b.value for b in bindings)
+    inside = a.contains(chain.body, bindings[0].node) and a.contains(chain.orelse, bindings[1].node)
+    if not inside:
+        return None
+    return _sides(chain.test, first, second)  # type: ignore[arg-type]
+
+
+def _sides(
+    test: cst.BaseExpression, when_true: cst.BaseExpression, when_false: cst.BaseExpression
+) -> tuple[cst.BaseExpression, bool] | None:
+    cpu = (_is_cpu(when_true), _is_cpu(when_false))
+    if cpu == (False, True) and is_device(when_true, by_name=False):
+        return test, False
+    if cpu == (True, False) and is_device(when_false, by_name=False):
+        return test, True
+    return None
+
+
+def _is_cpu(value: cst.BaseExpression) -> bool:
+    if (
+        isinstance(value, cst.Call)
+        and len(value.args) == 1
+        and dotted_name(value.func)
+        in {
+            "torch.device",
+            "device",
+        }
+    ):
+        value = value.args[0].value
+    return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
+
+
+def _availability_only(a: Analysis, expr: cst.BaseExpression, near: Binding) -> bool:
+    """Made only of ``*.is_available()`` calls (through names bound once to such a test)."""
+    if isinstance(expr, cst.BooleanOperation):
+        return _availability_only(a, expr.left, near) and _availability_only(a, expr.right, near)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        return _availability_only(a, expr.expression, near)
+    if isinstance(expr, cst.Call):
+        return (dotted_name(expr.func) or "").endswith("is_available")
+    if isinstance(expr, cst.Name):
+        values = [b.value for b in a.bindings if b.scope is near.scope and b.key == expr.value]
+        return len(values) == 1 and values[0] is not None and _availability_only(a, values[0], near)
+    return False
+
+
+def _negated(a: Analysis, condition: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, cst.Not):
+        return condition.expression.with_changes(lpar=[], rpar=[])
+    code = a.module.code_for_node(condition.with_changes(lpar=[], rpar=[]))
+    atomic = isinstance(condition, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
+    return cst.parse_expression(f"not {code}" if atomic else f"not ({code})")
