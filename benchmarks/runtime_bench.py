@@ -1,4 +1,4 @@
-"""Sections 3-6: runtime import cost, per-step overhead on 1 and 2 processes, and the GPU run.
+"""Sections 4-7: runtime import cost, per-step overhead on 1 and 2 processes, and the GPU run.
 
 Every loop runs in a fresh process (``loops.py``) with one intra-op thread, so frameworks cannot
 share warm state and two processes fit two cores; frameworks are interleaved within each repeat so
@@ -61,7 +61,7 @@ def _loop(cmd: list[str], framework: str, args: Sequence[str], env: dict[str, st
 
 def imports(repeats: int) -> Section:
     """The import's own cost after ``import torch``, in a fresh interpreter each time."""
-    section = Section("imports", "3. Runtime import, on top of `import torch`", ["Import", "ms"])
+    section = Section("imports", "4. Runtime import, on top of `import torch`", ["Import", "ms"])
     for statement, optional in IMPORTS.items():
         if optional and installed(*optional) is None:
             section.notes.append(f"{optional[1]}: not installed")
@@ -85,11 +85,11 @@ def _pooled(results: list[dict]) -> Stat:
 
 
 def per_step(repeats: int, steps: int) -> Section:
-    """Section 4: one process, tiny MLP, CPU; fp32, gradient accumulation 4 and bf16 autocast."""
+    """Section 5: one process, tiny MLP, CPU; fp32, gradient accumulation 4 and bf16 autocast."""
     frameworks, notes = _available(list(LABELS))
     section = Section(
         "per_step",
-        "4. Per-step overhead, 1 process, CPU, 2-layer MLP, batch 32",
+        "5. Per-step overhead, 1 process, CPU, 2-layer MLP, batch 32",
         ["Loop", *(f"{c} µs/step" for c in CONFIGS), *(f"{c} vs raw" for c in CONFIGS)],
         notes=notes,
     )
@@ -131,7 +131,7 @@ def _launchers(processes: int) -> dict[str, tuple[list[str], dict[str, str]]]:
 
 
 def distributed(repeats: int, steps: int) -> Section:
-    """Section 5: 2 gloo processes. Step time of each framework under its own launcher, and
+    """Section 6: 2 gloo processes. Step time of each framework under its own launcher, and
     launch-to-first-step latency of the three launchers running the same raw DDP script."""
     launchers = _launchers(2)
     runs = {
@@ -153,7 +153,7 @@ def distributed(repeats: int, steps: int) -> Section:
             samples[(name, launcher)].append(result)
     section = Section(
         "distributed",
-        "5. Two processes on CPU (gloo), 2-layer MLP, batch 32 per process",
+        "6. Two processes on CPU (gloo), 2-layer MLP, batch 32 per process",
         ["Loop", "Launcher", "µs/step", "vs raw DDP", "Launch to first step, s"],
     )
     raw = _pooled(samples[("raw DDP", "torchrun")])
@@ -174,12 +174,12 @@ def distributed(repeats: int, steps: int) -> Section:
 
 
 def gpu(repeats: int, steps: int) -> Section:
-    """Section 6: CUDA, small GPT-style model, bf16, one GPU; tokens/s against raw DDP."""
+    """Section 7: CUDA, small GPT-style model, bf16, one GPU; tokens/s against raw DDP."""
     import torch
 
     section = Section(
         "gpu",
-        "6. One GPU, GPT-style model (4 layers, width 256, 16x128 tokens), bf16",
+        "7. One GPU, GPT-style model (4 layers, width 256, 16x128 tokens), bf16",
         ["Loop", "Launcher", "tokens/s", "vs raw DDP"],
     )
     if not torch.cuda.is_available():

@@ -75,7 +75,15 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     record = json.loads((tmp_path / "results" / "latest.json").read_text())
     sections = {s["key"]: s for s in record["sections"]}
-    assert list(sections) == ["throughput", "startup", "scaling", "imports", "per_step", "distributed", "gpu"]
+    assert list(sections) == [
+        "throughput",
+        "startup",
+        "scaling",
+        "imports",
+        "per_step",
+        "distributed",
+        "gpu",
+    ]
     for key, section in sections.items():
         if key == "gpu" and section["status"].startswith("skipped"):
             continue
@@ -86,7 +94,7 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
         if "Fixit" not in target["name"]:
             assert isinstance(target["value"], float), target
             assert target["met"] in (True, False)
-    # Section 5 really ran distributed: its loops refuse to report otherwise, so all rows exist.
+    # Section 6 really ran distributed: its loops refuse to report otherwise, so all rows exist.
     launchers = {row[1] for row in sections["distributed"]["rows"]}
     assert {"torchrun", "accel-run"} <= launchers
     table = (tmp_path / "results" / "latest.md").read_text()

@@ -27,6 +27,6 @@ def test_converted_scripts_are_lint_clean(case: Path, target: str) -> None:
     # The noise rules (off by default) would also flag what the converter rightly leaves outside
     # the training: an inference function's print runs on every process, as it did before.
     findings = lint(result.code, [rule for rule in all_rules() if rule.enabled_by_default])
-    kept_accumulation = any("kept the manual gradient accumulation" in n.message for n in result.notes)
-    expected = {"ACL203"} if kept_accumulation else set()
+    kept = any("kept the manual gradient accumulation" in n.message for n in result.notes)
+    expected = {"ACL203"} if kept else set()
     assert [f"{f.line}: {f.code} {f.message}" for f in findings if f.code not in expected] == []
