@@ -15,6 +15,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Binding, analyse, optimized_models
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
+from accelify.transform.neighbours import fetching_imports
 from accelify.transform.patterns import Role
 from accelify.transform.plan import Note, Options, Plan
 from accelify.transform.setup import Refused, find_setup
@@ -104,6 +105,7 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
         return Result(code=source, notes=(note,), original=source)
     setup, refusals = find_setup(analysis)
     plan = Plan(analysis, options or Options(), setup)
+    plan.fetching_imports = fetching_imports(path, analysis.names.imports)
     try:
         _refuse_training_elsewhere(plan)
         for step in STEPS:

@@ -47,6 +47,8 @@ class Plan:
     notes: list[Note] = field(default_factory=list)
     # Arguments the created Accelerator(...) gets, filled by the amp/accumulate steps.
     accelerator_kwargs: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    # Functions imported from the script's own modules that download (see neighbours.py).
+    fetching_imports: frozenset[str] = frozenset()
     cpu_choice: cst.CSTNode | None = None  # where the script chose the CPU ``cpu=`` carries over
     imports: set[str] = field(default_factory=set)  # names to import from the runtime
     # Functions other than the setup scope that use the accelerator and must be handed it.

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from accelify.transform.analysis import Scope, key_of
+from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
@@ -41,10 +42,6 @@ _WRITERS = {
 }
 _WRITER_METHODS = frozenset({"savefig", "to_csv"})
 _WRITE_MODES = frozenset("wax")
-# Calls that fetch files: a function of the script making one downloads.
-_FETCHES = frozenset(
-    {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
-)
 _LOGGERS = ("SummaryWriter", "Logger", "Writer")
 
 
@@ -152,14 +149,17 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
 
 
 def _downloaded_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
-    """The line that downloads through ``call``: ``Dataset(..., download=True)`` or a function of
-    the script that fetches files."""
+    """The line that downloads through ``call``: ``Dataset(..., download=True)``, or a function of
+    the script, or of a module beside it, that fetches files."""
     a = plan.analysis
     name = dotted_name(call.func)
     local = a.functions.get(name) if name else None
-    if not _download_flag(call) and (local is None or not _fetches(plan, local)):
-        return None
-    return _alone(plan, call)
+    downloads = (
+        _download_flag(call)
+        or (local is not None and _fetches(plan, local))
+        or a.names.qualify(call.func) in plan.fetching_imports
+    )
+    return _alone(plan, call) if downloads else None
 
 
 def _fetches(plan: Plan, function: Scope) -> bool:
@@ -172,7 +172,7 @@ def _fetches(plan: Plan, function: Scope) -> bool:
 def _fetch(plan: Plan, call: cst.Call) -> bool:
     """``urlretrieve(...)``, ``requests.get(...)``, ``tar.extractall()``, ..."""
     names = plan.analysis.names
-    return names.last_part(call.func) in _FETCHES or (
+    return names.last_part(call.func) in FETCHES or (
         names.last_part(call.func) == "get" and names.from_package(call.func, "requests")
     )
 
