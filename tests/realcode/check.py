@@ -25,17 +25,10 @@ from accelify.transform.sources import SourceError, read
 HERE = Path(__file__).parent
 VERDICTS = HERE / "convert_verdicts.csv"
 FIELDS = ["path", "outcome", "line", "verdict", "reason"]
-# What a reviewer may conclude. "wrong" and "silent" are never recorded as accepted: they are
-# fixed first. "cross-file-limit" is a defect a one-file conversion cannot see (it lives in
-# another file the script imports); it is kept as data so that it stays in sight.
+# What a reviewer may conclude; "wrong" and "silent" are never recorded as accepted: they are
+# fixed first.
 VERDICTS_ALLOWED = frozenset(
-    {
-        "correct-full",
-        "correct-partial",
-        "refused-with-reason",
-        "unchanged-no-training",
-        "cross-file-limit",
-    }
+    {"correct-full", "correct-partial", "refused-with-reason", "unchanged-no-training"}
 )
 OUTCOMES = frozenset({"converted", "converted-with-notes", "unchanged-with-reason", "unchanged"})
 
