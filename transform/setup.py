@@ -72,6 +72,10 @@ class Setup:
     def keys(self) -> list[str]:
         return [b.key for b in self.prepared]
 
+    def models(self, a: Analysis) -> list[str]:
+        """The prepared models, in prepare()'s order."""
+        return [k for k in self.keys if a.role(self.scope, k) is Role.MODEL]
+
     def current(self, a: Analysis, key: str, node: cst.CSTNode) -> bool:
         """Whether ``key`` at ``node`` is still the object prepare() wraps, not a later rebuild
         (a model loaded again for inference after training)."""
@@ -187,7 +191,7 @@ def _plan(a: Analysis, scope: Scope) -> Setup:
 def _refuse_wrappers(a: Analysis, setup: Setup) -> None:
     """``ar = Wrapper(model)`` trained through ``ar(...)``: prepare() wraps ``model``, the
     training step runs ``ar``, which holds the bare module, and replicas would drift apart."""
-    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    models = set(setup.models(a))
     wrappers = {
         b.key: b
         for b in a.bindings

@@ -408,7 +408,7 @@ def _model_in(plan: Plan, loop: Loop) -> str:
     """The prepared model the loop trains: the one it calls, else the only one."""
     a = plan.analysis
     setup = plan.setup
-    models = [k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL]  # type: ignore[union-attr]
+    models = setup.models(a)  # type: ignore[union-attr]
     called = {
         key
         for call, scope in a.calls

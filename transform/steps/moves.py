@@ -46,7 +46,7 @@ def moves(plan: Plan) -> None:
     if setup is None:
         return
     a = plan.analysis
-    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    models = set(setup.models(a))
     travelling = _moved_elsewhere(plan, models)
     for call, scope in plan.training_calls():
         move = device_move(call, a)

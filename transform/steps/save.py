@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, names_in
-from accelify.transform.patterns import Role, dotted_name, target_names
+from accelify.transform.patterns import dotted_name, target_names
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 
@@ -23,7 +23,7 @@ def save(plan: Plan) -> None:
     if setup is None:
         return
     a = plan.analysis
-    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    models = set(setup.models(a))
     saved_at: list[cst.CSTNode] = []
     for call, scope in plan.training_calls():
         if not a.names.refers_to(call.func, ("torch",), "save") or len(call.args) < 2:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import key_of
-from accelify.transform.patterns import Role
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, in_training_step, origins
 
@@ -40,7 +39,7 @@ def unwrap(plan: Plan) -> None:
     if setup is None or setup.prepare_at is None:
         return
     a = plan.analysis
-    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}
+    models = set(setup.models(a))
     for node, scope in a.attributes:
         key = key_of(node.value)
         if key is None or node.attr.value in MODULE_API or scope not in plan.training:

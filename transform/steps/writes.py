@@ -20,7 +20,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Scope, key_of
 from accelify.transform.neighbours import FETCHES
-from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
+from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 from accelify.transform.walk import Visitor, walk
@@ -215,7 +215,7 @@ def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
     """Whether ``statement`` calls a prepared model."""
     a = plan.analysis
     setup = plan.setup
-    models = {k for k in setup.keys if a.role(setup.scope, k) is Role.MODEL}  # type: ignore[union-attr]
+    models = set(setup.models(a))  # type: ignore[union-attr]
     found = False
 
     class _Calls(Visitor):
