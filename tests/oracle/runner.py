@@ -60,7 +60,8 @@ NO_LOADER_REPORT = ("every process trains on all the data", "no DataLoader")
 
 
 def clean_env() -> dict[str, str]:
-    """The environment every run gets: nothing inherited that selects a launch or a device."""
+    """The environment every run gets: nothing inherited that selects a launch or a device
+    (the GPU is hidden unless ``sweep.py --cuda`` set ``ORACLE_CUDA=1``)."""
     drop = ("ACCELERATE_", "MASTER_", "TORCHELASTIC_")
     env = {
         k: v
@@ -68,7 +69,9 @@ def clean_env() -> dict[str, str]:
         if not k.startswith(drop)
         and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
     }
-    env.update(PYTHONHASHSEED="0", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    if os.environ.get("ORACLE_CUDA") != "1":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 

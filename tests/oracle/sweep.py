@@ -1,7 +1,7 @@
 """The full differential sweep: generate, convert, run, compare, shrink; print the table.
 
     .venv/bin/python tests/oracle/sweep.py [--count 300] [--seed 0] [--jobs 2] [--only INDEX ...]
-                                           [--dump DIR] [--no-run] [--shrink-budget N]
+                                           [--dump DIR] [--no-run] [--shrink-budget N] [--cuda]
 
 Exit 1 when any script is WRONG, UNCHANGED-WITHOUT-REASON or a GENERATOR-BUG. Each kind of
 failure (the failing check and its exception or mismatch) is shrunk once, on its first script,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
 from collections import Counter
@@ -55,6 +56,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="two-process runs forked by the zygote instead of launched by accel-run (about 20x "
         "faster; the same runtime and environment, without the launcher)",
+    )
+    p.add_argument(
+        "--cuda",
+        action="store_true",
+        help="let the scripts see the GPU, and run the one-process checks only (two NCCL ranks "
+        "cannot share one GPU)",
     )
     return p.parse_args(argv)
 
@@ -104,7 +111,10 @@ class Sweep:
     def judge_one(self, i: int) -> Verdict:
         t0 = time.monotonic()
         name = f"s{self.args.seed}_{i:04d}"
-        verdict = judge(self.scripts[i][1], name, self.runner, fork_two=self.args.fork_two)
+        stop = "1p" if self.args.cuda else ""
+        verdict = judge(
+            self.scripts[i][1], name, self.runner, stop_after=stop, fork_two=self.args.fork_two
+        )
         check = f" {verdict.check}" if verdict.check else ""
         log(f"[{i:4d}] {verdict.category}{check} ({time.monotonic() - t0:.1f} s)")
         if self.args.dump:
@@ -191,6 +201,8 @@ class Sweep:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.cuda:
+        os.environ["ORACLE_CUDA"] = "1"  # runner.clean_env() then leaves the GPU visible
     indices = args.only or list(range(args.count))
     scripts = {i: generate(args.seed, i) for i in indices}
     if args.no_run:

@@ -1,5 +1,7 @@
 """The script's own way to ask for the CPU becomes ``Accelerator(cpu=...)``.
 
+``device = "cpu"`` gives ``cpu=True``: the script computes on the CPU even where a GPU is.
+
 ``device = torch.device("cuda" if use_cuda else "cpu")`` (or an ``if``/``else`` that picks the
 two) gives way to ``accelerator.device``; without this step a ``--no-cuda`` flag would stop
 working and the converted script would take the GPU anyway. The condition goes over as it is
@@ -33,12 +35,15 @@ def cpu_choice(plan: Plan) -> None:
     if len({b.key for b in bindings}) != 1:
         return  # no device, or several: no one choice to carry over
     found = _condition(a, bindings)
-    if found is None:
+    if found is not None:
+        condition, cpu_when_true = found
+        if _availability_only(a, condition, bindings[0]):
+            return
+        flag = condition if cpu_when_true else _negated(a, condition)
+    elif len(bindings) == 1 and bindings[0].value is not None and _is_cpu(bindings[0].value):
+        flag = cst.Name("True")  # ``device = "cpu"``: the script runs on the CPU, wherever it is
+    else:
         return
-    condition, cpu_when_true = found
-    if _availability_only(a, condition, bindings[0]):
-        return
-    flag = condition if cpu_when_true else _negated(a, condition)
     plan.accelerator_kwargs["cpu"] = flag
     plan.cpu_choice = bindings[0].node
 
