@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, mentions, names_in
+from accelify.transform.analysis import Analysis, Scope, key_of, mentions, names_in
 from accelify.transform.flow import Point
-from accelify.transform.patterns import Role, device_move, is_device, keyword_arg, method_call
+from accelify.transform.patterns import Role, is_device, keyword_arg, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
+from accelify.transform.steps.moves import device_move
 from accelify.transform.steps.prepare import LINE_LENGTH
 from accelify.transform.steps.prepare import depth as _depth
 from accelify.transform.steps.writes import side_effects
@@ -70,8 +71,8 @@ def accelerator(plan: Plan) -> None:
     if not picks_device(plan.analysis):
         plan.changed(
             plan.setup.create_at.next or plan.setup.create_at.previous,  # type: ignore[union-attr,arg-type]
-            "the script never picks a device, so it stays on the CPU (cpu=True): tensors it "
-            "creates would not follow a model on a GPU",
+            "the script never puts anything on a device, so it stays on the CPU (cpu=True): "
+            "tensors it creates would not follow a model on a GPU",
         )
     _create(plan)
     plan.imports.add("Accelerator")
@@ -158,17 +159,20 @@ def _creation_point(plan: Plan) -> Point:
 
 
 def picks_device(a: Analysis) -> bool:
-    """Whether the script moves anything to a device: a device name, ``.cuda()``, ``.to(...)``
-    of a device, ``device=`` given a device."""
-    if any(role is Role.DEVICE for role in a.roles.values()):
-        return True
-    for call, _scope in a.calls:
-        if method_call(call, "cuda") is not None or device_move(call) is not None:
+    """Whether the script puts anything on a device: ``.cuda()``, ``.to(<device>)``, ``device=``
+    given a device. A device chosen and never used leaves everything on the CPU."""
+    for call, scope in a.calls:
+        if method_call(call, "cuda") is not None or device_move(call, a) is not None:
             return True
         device = keyword_arg(call, "device")
-        if device is not None and is_device(device.value):
+        if device is not None and (is_device(device.value) or _holds_device(a, scope, device)):
             return True
     return False
+
+
+def _holds_device(a: Analysis, scope: Scope, arg: cst.Arg) -> bool:
+    key = key_of(arg.value)
+    return key is not None and a.role(scope, key) is Role.DEVICE
 
 
 def _chooses_device(plan: Plan, statement: cst.BaseStatement) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Binding
+from accelify.transform.analysis import Analysis, Binding, mentions
 from accelify.transform.patterns import Role, dotted_name, is_device
 from accelify.transform.plan import Plan
 from accelify.transform.steps.device import device_chain
@@ -25,13 +25,16 @@ def cpu_choice(plan: Plan) -> None:
     if setup is None:
         return
     a = plan.analysis
-    bindings = [
+    devices = [
         b
         for b in a.bindings
         if b.scope is setup.scope
         and isinstance(b.node, cst.Assign)
         and a.role(b.scope, b.key) is Role.DEVICE
     ]
+    keys = {b.key for b in devices}
+    # ``device_type = "cuda" if "cuda" in str(device) else "cpu"`` follows the device: not a choice.
+    bindings = [b for b in devices if b.value is None or not mentions(b.value, keys - {b.key})]
     if len({b.key for b in bindings}) != 1:
         return  # no device, or several: no one choice to carry over
     found = _condition(a, bindings)
