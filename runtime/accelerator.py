@@ -185,7 +185,7 @@ class Accelerator:
     ) -> torch.nn.Module:
         if any(model is seen for seen in self._models):
             return model
-        if _default(device_placement, self.device_placement):
+        if _default(device_placement, self.device_placement) and not self.strategy.places_models:
             model.to(self.device)
         self.precision.wrap_forward(model)
         wrapped = self.strategy.wrap_model(model)

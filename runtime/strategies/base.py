@@ -30,6 +30,10 @@ class Strategy:
 
     # Whether the backend casts and scales itself, so the Accelerator must not (DeepSpeed).
     owns_precision = False
+    # Whether the backend puts the model's parameters where they belong, so prepare() must not
+    # move it (FSDP: fully_shard moves them to the mesh's device, or keeps them on the CPU when
+    # it offloads them, and a later .to() would undo that).
+    places_models = False
 
     def __init__(self, state: ProcessState, **kwargs: Any) -> None:
         self.state = state

@@ -82,6 +82,8 @@ class FsdpOptions:
 class FSDP(Strategy):
     """Every wrapped block and the root module are ``fully_shard``-ed over one mesh."""
 
+    places_models = True
+
     def __init__(self, state: ProcessState, **kwargs: Any) -> None:
         super().__init__(state)
         self.options = FsdpOptions.from_env(os.environ)
