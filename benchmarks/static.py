@@ -25,7 +25,10 @@ def installed(module: str, dist: str) -> str | None:
     """The installed version of an optional anchor, or None."""
     if importlib.util.find_spec(module) is None:
         return None
-    return importlib.metadata.version(dist)
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:  # shipped inside another distribution
+        return getattr(importlib.import_module(module), "__version__", "unknown")
 
 
 def _throughput_tools(folder: Path) -> tuple[dict[str, list[str]], list[str]]:
