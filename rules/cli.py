@@ -21,6 +21,7 @@ from accelify.transform.console import (
     EXIT_OK,
     VersionAction,
     console,
+    exit_on_signals,
     parallel_map,
 )
 from accelify.transform.sources import SourceError, iter_paths
@@ -155,4 +156,5 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main() -> None:
+    exit_on_signals()
     sys.exit(run(sys.argv[1:]))

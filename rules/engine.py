@@ -7,7 +7,6 @@ only when something was found, because ``PositionProvider`` costs about as much 
 
 from __future__ import annotations
 
-import ast
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +17,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Report, Rule, Severity
+from accelify.transform.sources import python_syntax_error
 from accelify.transform.walk import walk
 
 # A file that mentions none of these cannot contain anything the rules look for.
@@ -87,11 +87,14 @@ def is_relevant(text: str) -> bool:
 
 
 def parse(text: str) -> cst.Module:
-    """Parse, or raise ``SyntaxError`` with CPython's message (libcst's lists token sets)."""
+    """Parse, or raise ``SyntaxError`` with CPython's message (libcst's lists token sets);
+    nesting libcst's parser would crash on is refused before it gets there."""
+    python_error = python_syntax_error(text, "<lint>")
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as err:
-        compile(text, "<lint>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)  # better words
+        if python_error is not None:
+            raise python_error from None
         raise SyntaxError(err.message, ("", err.raw_line, err.raw_column, "")) from None
 
 

@@ -17,6 +17,9 @@ from accelify.transform.sources import SourceError
 _MAGIC = re.compile(r"^(\s*)([%!?]|\w[\w.,\s]*=\s*[%!])")
 
 
+_CELL_TYPES = frozenset({"code", "markdown", "raw"})
+
+
 @dataclass(frozen=True)
 class Notebook:
     text: str
@@ -29,17 +32,37 @@ class Notebook:
         return self.places[-1] if self.places else (1, line)
 
 
+def _cells(path: str, text: str) -> list[dict]:
+    """The cells of a notebook in nbformat 4's shape, or a one-line error saying what is off."""
+    try:
+        book = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SourceError(path, err.lineno, f"not a Jupyter notebook: {err.msg}") from None
+    cells = book.get("cells") if isinstance(book, dict) else None
+    if not isinstance(cells, list):
+        raise SourceError(path, 1, 'not a Jupyter notebook: no "cells" list')
+    for index, cell in enumerate(cells, start=1):
+        source = cell.get("source") if isinstance(cell, dict) else None
+        lines = source if isinstance(source, list) else [source]
+        kind = cell.get("cell_type") if isinstance(cell, dict) else None
+        if kind not in _CELL_TYPES or not all(isinstance(line, str) for line in lines):
+            raise SourceError(
+                path,
+                1,
+                f"not a Jupyter notebook: cell {index} of {len(cells)} needs a "
+                "cell_type (code, markdown, raw) and a source (a string or a list of strings)",
+            )
+    return cells
+
+
 def parse(path: str, text: str) -> Notebook:
     """Read the code cells of the notebook JSON ``text``."""
-    try:
-        cells = json.loads(text)["cells"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise SourceError(path, 1, f"not a Jupyter notebook ({err})") from None
+    cells = _cells(path, text)
     lines: list[str] = []
     places: list[tuple[int, int]] = []
     number = 0
     for cell in cells:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+        if cell["cell_type"] != "code":
             continue
         number += 1
         source = cell.get("source", "")

@@ -10,7 +10,7 @@ from accelify.rules import config, engine, notebook
 from accelify.rules.checks import all_rules
 from accelify.rules.engine import Finding
 from accelify.rules.rule import Rule
-from accelify.transform.sources import STDIN, Source, SourceError, read, write_atomic
+from accelify.transform.sources import STDIN, Source, SourceError, read, too_deep, write_atomic
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,19 @@ def _check(path: str, options: Options, result: FileResult) -> None:
             text = _fix(source, rules, options, result)
         findings = engine.lint(text, rules)
     except SyntaxError as err:
-        line = err.lineno or 1
-        where = result.path
-        if book is not None:
-            cell, line = book.place(line)
-            where = f"{where}:cell {cell}"
-        raise SourceError(where, line, f"syntax error: {err.msg}") from None
+        raise _located(err.lineno or 1, f"syntax error: {err.msg}", result.path, book) from None
+    except RecursionError:
+        deep = too_deep(result.path, text)
+        raise _located(deep.line, deep.message, result.path, book) from None
     result.findings = [_in_cell(f, book) for f in findings] if book else findings
+
+
+def _located(line: int, message: str, path: str, book: notebook.Notebook | None) -> SourceError:
+    """The error at ``line`` of the linted text: in a notebook, at its cell and line."""
+    if book is None:
+        return SourceError(path, line, message)
+    cell, line = book.place(line)
+    return SourceError(f"{path}:cell {cell}", line, message)
 
 
 def _fix(source: Source, rules: list[type[Rule]], options: Options, result: FileResult) -> str:

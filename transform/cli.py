@@ -193,21 +193,14 @@ def _emit(mode: Mode, source: Source, result: Result, output: str | None) -> Non
     if mode == "diff":
         _print_diff(source.text, result.code, source.path)
     elif mode == "output" and output is not None:
-        _write(output, source.encode(result.code))
+        write_atomic(output, source.encode(result.code))
     elif mode == "inplace" and source.path != STDIN_NAME:
         if result.changed:
-            _write(source.path, source.encode(result.code))
+            write_atomic(source.path, source.encode(result.code))
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(source.encode(result.code))
         sys.stdout.buffer.flush()
-
-
-def _write(path: str, data: bytes) -> None:
-    try:
-        write_atomic(path, data)
-    except OSError as err:
-        raise SourceError(path, 0, f"cannot write: {err.strerror or err}") from None
 
 
 def unified_diff(before: str, after: str, path: str) -> Iterator[str]:
@@ -275,4 +268,5 @@ def _plural(count: int, noun: str) -> str:
 
 def main() -> None:
     """Console-script entry point."""
+    term.exit_on_signals()
     sys.exit(run(sys.argv[1:]))

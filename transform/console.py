@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -45,6 +47,12 @@ def package_version() -> str:
         return version("accelify")
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "0+unknown"
+
+
+def exit_on_signals() -> None:
+    """SIGTERM (a CI cancel, ``timeout``) ends a run the way Ctrl-C does, by unwinding: a file
+    being rewritten is left whole and its temporary file goes (forked workers inherit this)."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def parallel_map(work: Callable[[_In], _Out], items: Sequence[_In], jobs: int) -> Iterator[_Out]:

@@ -19,7 +19,7 @@ from accelify.transform.neighbours import fetching_imports
 from accelify.transform.patterns import Role
 from accelify.transform.plan import Note, Options, Plan
 from accelify.transform.setup import Refused, find_setup
-from accelify.transform.sources import SourceError
+from accelify.transform.sources import SourceError, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 
 __all__ = ["Note", "Options", "Result", "convert", "parse"]
@@ -46,18 +46,28 @@ class Result:
 
 
 def parse(source: str, path: str) -> cst.Module:
-    """Parse or raise a one-line :class:`SourceError` at the offending line."""
+    """Parse or raise a one-line :class:`SourceError` at the offending line.
+
+    Python's own parser goes first: it words syntax errors best, and it refuses nesting that
+    libcst's native parser would crash on (a few thousand brackets). Its other refusals go to
+    libcst, which also reads syntax newer than this interpreter."""
+    try:
+        python_error = python_syntax_error(source, path)
+    except SyntaxError as err:
+        raise _syntax(err, path) from None
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as err:
-        # Python's own parser words syntax errors best; libcst's message is the fallback for the
-        # rare code CPython accepts and libcst does not.
-        try:
-            compile(source, path, "exec", ast.PyCF_ONLY_AST)
-        except SyntaxError as py_err:
-            raise SourceError(path, py_err.lineno or 1, f"syntax error: {py_err.msg}") from None
+        if python_error is not None:
+            raise _syntax(python_error, path) from None
         first = err.message.splitlines()[0] if err.message else "unsupported syntax"
         raise SourceError(path, err.raw_line, f"cannot parse: {first}") from None
+    except RecursionError:
+        raise too_deep(path, source) from None
+
+
+def _syntax(err: SyntaxError, path: str) -> SourceError:
+    return SourceError(path, err.lineno or 1, f"syntax error: {err.msg}")
 
 
 def _check_valid(code: str, path: str) -> None:
@@ -97,6 +107,13 @@ def _refuse_training_elsewhere(plan: Plan) -> None:
 def convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
     """Convert one script's source text; raise :class:`SourceError` on input we cannot parse."""
     module = parse(source, path)
+    try:
+        return _convert(module, source, options or Options(), path)
+    except RecursionError:
+        raise too_deep(path, source) from None
+
+
+def _convert(module: cst.Module, source: str, options: Options, path: str) -> Result:
     analysis = analyse(module)
     verdict = file_verdict(analysis, analysis.names)
     if verdict is not None:
@@ -104,7 +121,7 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
                     info=verdict.skip)  # fmt: skip
         return Result(code=source, notes=(note,), original=source)
     setup, refusals = find_setup(analysis)
-    plan = Plan(analysis, options or Options(), setup)
+    plan = Plan(analysis, options, setup)
     plan.fetching_imports = fetching_imports(path, analysis.names.imports)
     try:
         _refuse_training_elsewhere(plan)

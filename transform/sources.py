@@ -7,6 +7,7 @@ byte outside the edited spots; every failure is a :class:`SourceError` that prin
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import stat
@@ -37,6 +38,37 @@ class SourceError(Exception):
     def __reduce__(self) -> tuple[type[SourceError], tuple[str, int, str]]:
         # Worker processes send errors back pickled; the default would call __init__ with one arg.
         return SourceError, (self.path, self.line, self.message)
+
+
+def python_syntax_error(text: str, path: str) -> SyntaxError | None:
+    """CPython's ``SyntaxError`` for ``text``, or None when it parses. Raised at once for nesting
+    beyond Python's limits, which libcst's native parser would crash on (SIGSEGV)."""
+    import ast  # only here: the tools' start-up does not pay for it
+
+    try:
+        compile(text, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as err:
+        if "too many" in (err.msg or ""):  # nested parentheses, indentation levels, ...
+            raise
+        return err
+    except RecursionError:
+        raise SyntaxError("nested too deeply to parse", (path, 1, 0, "")) from None
+    return None
+
+
+def too_deep(path: str, text: str) -> SourceError:
+    """The error for code nested deeper than the tools' recursion (CPython accepts about three
+    times as much), at the line where it is deepest."""
+    import ast  # only on this rare path
+
+    deepest, line = 0, 1
+    stack: list[tuple[ast.AST, int]] = [(ast.parse(text), 0)]
+    while stack:  # iterative: the recursion is what ran out
+        node, depth = stack.pop()
+        if depth > deepest and hasattr(node, "lineno"):
+            deepest, line = depth, node.lineno
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return SourceError(path, line, "nested too deeply to analyse (split this expression)")
 
 
 @dataclass(frozen=True)
@@ -87,12 +119,21 @@ def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` in one rename, keeping its mode bits.
 
     The bytes go to a temporary file in the same folder first, so a crash or a full disk never
-    leaves a half-written file behind. A new file gets the mode ``open()`` would give it, not the
-    temporary file's private 0600.
+    leaves a half-written file behind; what a killed run left there for this file goes first. A
+    new file gets the mode ``open()`` would give it, not the temporary file's private 0600. A
+    read-only file is refused: its owner said it is not to be rewritten (root could).
     """
     target = Path(path)
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else _new_file_mode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    exists = target.exists()
+    mode = stat.S_IMODE(target.stat().st_mode) if exists else _new_file_mode()
+    if exists and not mode & stat.S_IWUSR:
+        raise SourceError(path, 0, "read-only file, not rewritten (make it writable to allow)")
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as err:
+        raise SourceError(path, 0, f"cannot write: {err.strerror or err}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -100,7 +141,10 @@ def write_atomic(path: str, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except BaseException:
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise SourceError(path, 0, f"cannot write: {err.strerror or err}") from None
+    except BaseException:  # interrupted (SIGINT, or SIGTERM through exit_on_signals)
         Path(tmp).unlink(missing_ok=True)
         raise
 
@@ -141,7 +185,7 @@ def _drop_git_ignored(root: Path, files: list[Path]) -> list[Path]:
         result = subprocess.run(
             ["git", "check-ignore", "--stdin", "-z"],
             cwd=root,
-            input="\0".join(str(f.resolve()) for f in files),
+            input="\0".join(os.path.realpath(f) for f in files),
             capture_output=True,
             text=True,
             check=False,
@@ -151,4 +195,5 @@ def _drop_git_ignored(root: Path, files: list[Path]) -> list[Path]:
     if result.returncode not in (0, 1):  # 128: not a git checkout
         return files
     ignored = {Path(p) for p in result.stdout.split("\0") if p}
-    return [f for f in files if f.resolve() not in ignored]
+    # realpath, not Path.resolve(): a symlink loop is reported when the file is read, not here.
+    return [f for f in files if Path(os.path.realpath(f)) not in ignored]

@@ -1,0 +1,161 @@
+"""Inputs that are valid, or merely odd, never crash either tool: each gets one
+``path[:line]: message`` line and exit 2, and the other files of the run still go through.
+
+Both CLIs run in this process (``run(argv)``), so a crash of libcst's native parser would take
+the test session down with it: the nesting tests fail loudly without their fix.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+
+import pytest
+
+from accelify.rules import cli as lint_cli
+from accelify.transform import cli as convert_cli
+from accelify.transform import console, sources
+
+TRAINING = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.randn(8, 4).split(2):
+    loss = model(x).sum()
+    loss.backward()
+    optimizer.step()
+"""
+# CPython takes ~3000 terms; the tools' own recursion runs out near 1000.
+LONG = "import torch\nx = " + " + ".join(["1"] * 1500) + "\n"
+# CPython refuses more than 200 nested brackets; libcst's parser dies past a few thousand.
+NESTED = "import torch\nx = " + "(" * 2500 + "1" + ")" * 2500 + "\n"
+
+
+def _files(tmp_path: Path, **texts: str) -> dict[str, Path]:
+    paths = {}
+    for name, text in texts.items():
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(text)
+    return paths
+
+
+def _lines(captured: str) -> list[str]:
+    return [line for line in captured.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("text, message", [(LONG, "nested too deeply to analyse"),
+                                           (NESTED, "too many nested parentheses")],
+                         ids=["long-expression", "deep-brackets"])  # fmt: skip
+def test_deep_code_is_one_line_and_the_inplace_run_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    files = _files(tmp_path, deep=text, train=TRAINING)
+    assert convert_cli.run(["--inplace", str(tmp_path)]) == 2
+    errors = [line for line in _lines(capsys.readouterr().err) if "deep.py" in line]
+    assert len(errors) == 1 and "deep.py:2: " in errors[0] and message in errors[0], errors
+    assert "accelerator.backward(loss)" in files["train"].read_text()
+    assert files["deep"].read_text() == text
+
+
+@pytest.mark.parametrize("text", [LONG, NESTED], ids=["long-expression", "deep-brackets"])
+def test_the_linter_reports_deep_code_on_one_line_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    _files(tmp_path, deep=text)
+    assert lint_cli.run([str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    lines = [line for line in _lines(out.out + out.err) if "deep.py" in line]
+    assert len(lines) == 1 and "deep.py:2: " in lines[0] and "internal error" not in lines[0]
+
+
+def test_a_symlink_loop_is_one_file_error_not_the_end_of_the_walk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.py").symlink_to(tmp_path / "b.py")
+    (tmp_path / "b.py").symlink_to(tmp_path / "a.py")
+    files = _files(tmp_path, train=TRAINING)
+    assert convert_cli.run(["--inplace", str(tmp_path)]) == 2
+    errors = _lines(capsys.readouterr().err)
+    assert sum("symbolic links" in line for line in errors) == 2, errors
+    assert "accelerator.backward(loss)" in files["train"].read_text()
+    assert lint_cli.run([str(tmp_path)]) == 2
+
+
+def test_a_read_only_file_is_not_rewritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _files(tmp_path, train=TRAINING)["train"]
+    path.chmod(0o444)
+    assert convert_cli.run(["--inplace", str(path)]) == 2
+    assert "train.py:0: read-only file, not rewritten" in capsys.readouterr().err
+    assert path.read_text() == TRAINING
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+
+
+def test_temporary_files_a_killed_run_left_behind_go_on_the_next_write(tmp_path: Path) -> None:
+    path = _files(tmp_path, train=TRAINING)["train"]
+    stale = tmp_path / ".train.py.k1ll3d.tmp"
+    stale.write_text("half")
+    other = tmp_path / ".other.py.k1ll3d.tmp"  # another file's: not ours to remove
+    other.write_text("half")
+    sources.write_atomic(str(path), b"x = 1\n")
+    assert not stale.exists() and other.exists()
+    assert path.read_text() == "x = 1\n"
+
+
+def test_sigterm_while_writing_leaves_the_file_whole_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _files(tmp_path, train=TRAINING)["train"]
+    previous = signal.getsignal(signal.SIGTERM)
+    console.exit_on_signals()
+    try:
+        monkeypatch.setattr(os, "fsync", lambda _fd: os.kill(os.getpid(), signal.SIGTERM))
+        with pytest.raises(SystemExit) as stopped:
+            sources.write_atomic(str(path), b"x = 1\n")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert path.read_text() == TRAINING
+    assert [p.name for p in tmp_path.iterdir()] == ["train.py"]
+
+
+def test_an_unwritable_folder_is_a_one_line_error_for_lint_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import torch\nfrom accelerate import Accelerator\n\naccelerator = Accelerator()\n"
+        "model = accelerator.prepare(torch.nn.Linear(2, 2))\n"
+        "torch.save(model.state_dict(), 'm.pt')\n"
+    )
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(sources.tempfile, "mkstemp", refuse)
+    assert lint_cli.run(["--fix", "--unsafe-fixes", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "train.py:0: cannot write: Permission denied" in out.out + out.err
+    assert "internal error" not in out.out + out.err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"cells": "nope"}', 'no "cells" list'),
+        ('{"cells": [{"cell_type": "code", "source": 3}]}', "cell 1 of 1 needs a cell_type"),
+        ('{"cells": [', "not a Jupyter notebook: Expecting value"),
+    ],
+    ids=["cells-not-a-list", "source-not-text", "not-json"],
+)
+def test_a_malformed_notebook_is_refused_with_what_is_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    (tmp_path / "nb.ipynb").write_text(text)
+    assert lint_cli.run([str(tmp_path / "nb.ipynb")]) == 2
+    out = capsys.readouterr()
+    assert message in out.out + out.err
