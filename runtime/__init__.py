@@ -7,7 +7,14 @@ without importing torch; ``from accelify.runtime import Accelerator`` works as u
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
+
+if importlib.util.find_spec("torch") is None:  # accel-convert and accel-lint install without it
+    raise ModuleNotFoundError(
+        "accelify.runtime needs torch: pip install 'accelify[runtime]' (or install torch)",
+        name="torch",
+    )
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator

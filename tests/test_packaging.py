@@ -47,3 +47,28 @@ def test_no_bare_top_level_modules_are_importable(tmp_path: Path) -> None:
 def test_converter_and_linter_never_import_torch(module: str, tmp_path: Path) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"
     assert _run(code, tmp_path) == "False"
+
+
+@pytest.mark.slow
+def test_the_tools_install_and_run_without_torch(tmp_path: Path) -> None:
+    """``pip install accelify`` (no extras) is what the pre-commit hooks and CI jobs install: the
+    converter and linter work, and the runtime says in one line what it is missing."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    bin_ = venv / "bin"
+    subprocess.run([bin_ / "pip", "install", "-q", str(ROOT)], check=True, capture_output=True)
+
+    def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=False)
+
+    assert run(bin_ / "python", "-c", "import torch").returncode == 1
+    lint = run(bin_ / "accel-lint", ROOT / "fixtures" / "lint" / "planted.py")
+    assert lint.returncode == 1 and "ACL201" in lint.stdout
+    convert = run(bin_ / "accel-convert", "--check", ROOT / "fixtures" / "convert" / "mnist.in.py")
+    assert convert.returncode == 1 and "would be converted" in convert.stdout + convert.stderr
+    runtime = run(bin_ / "python", "-c", "import accelify.runtime")
+    assert runtime.returncode == 1
+    assert runtime.stderr.strip().splitlines()[-1] == (
+        "ModuleNotFoundError: accelify.runtime needs torch: pip install 'accelify[runtime]' "
+        "(or install torch)"
+    )

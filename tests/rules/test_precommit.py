@@ -84,9 +84,7 @@ def test_published_hooks_run_under_pre_commit(tmp_path: Path) -> None:
     assert "plain.py" in out.split("accel-convert --check")[1]  # the script needs converting
 
 
-@pytest.mark.skipif(
-    not os.environ.get("ACCELIFY_TEST_PRECOMMIT_INSTALL"), reason="minutes: pip installs torch"
-)
+@pytest.mark.slow
 def test_try_repo_installs_and_runs_the_published_lint_hook(tmp_path: Path) -> None:
     repo = _git_repo(tmp_path / "repo", {"planted.py": (FIXTURES / "planted.py").read_text()})
     result = _run(repo, "try-repo", str(ROOT), "accel-lint", "--all-files", home=tmp_path / "h")
