@@ -142,19 +142,24 @@ class _Applier(cst.CSTTransformer):
     ) -> cst.Module | cst.IndentedBlock:
         body: list[cst.BaseStatement] = []
         spans: dict[int, tuple[int, int]] = {}  # id(original) -> where its output sits in body
-        # Lines above removed statements (blank ones and own-line comments): they go to the next
-        # statement, so a comment never disappears with the line below it.
+        # Lines above removed statements (blank ones and own-line comments), and the comments
+        # they held: they go to the next statement, so a comment never disappears with its line.
         pending: list[cst.EmptyLine] = []
         for old, new in zip(original.body, updated.body, strict=True):
             emitted = [*self.edits.before.get(id(old), ())]
             start = len(body) + len(emitted)
             footer: Sequence[cst.EmptyLine] = ()
             if id(old) in self.edits.removals:
-                pending.extend(old.leading_lines)
+                pending.extend([*old.leading_lines, *comments_in(old)])
             elif id(old) in self.edits.unwraps:
                 block = new.body  # type: ignore[attr-defined]
                 inner = list(block.body)
-                lines = [*new.leading_lines, *inner[0].leading_lines]
+                header = [cst.EmptyLine(indent=True, comment=block.header.comment)]
+                lines = [
+                    *new.leading_lines,
+                    *(header if block.header.comment is not None else ()),
+                    *inner[0].leading_lines,
+                ]
                 inner[0] = inner[0].with_changes(leading_lines=lines)
                 emitted.extend(inner)
                 footer = block.footer
@@ -206,3 +211,28 @@ def _with_lines(statement: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst
     while lines and lines[-1].comment is None and own:
         lines = lines[:-1]
     return statement.with_changes(leading_lines=[*lines, *own])
+
+
+def comments_in(statement: cst.BaseStatement) -> list[cst.EmptyLine]:
+    """The comments a statement holds (at its line's end, in its body), as own lines: what a
+    removed or rewritten statement hands to the next one, so that no comment disappears."""
+    found: list[cst.TrailingWhitespace | cst.EmptyLine] = []
+    if isinstance(statement, cst.SimpleStatementLine):
+        found.append(statement.trailing_whitespace)
+    else:
+        body = getattr(statement, "body", None)
+        if isinstance(body, cst.IndentedBlock):
+            found.append(body.header)
+            for inner in body.body:
+                found.extend(inner.leading_lines)
+                found.extend(comments_in(inner))
+            found.extend(body.footer)
+        orelse = getattr(statement, "orelse", None)
+        if orelse is not None:
+            found.extend(orelse.leading_lines)
+            found.extend(comments_in(orelse))
+    return [
+        cst.EmptyLine(indent=True, comment=item.comment)
+        for item in found
+        if item.comment is not None
+    ]

@@ -9,6 +9,8 @@ the import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, mentions, names_in
@@ -210,14 +212,20 @@ def _insert_paragraph(plan: Plan, anchor: cst.BaseStatement, statement: cst.Base
     It takes the blank lines above ``anchor``; comments stay with the code they describe, and
     one blank line separates the two.
     """
-    lines = list(anchor.leading_lines)
-    blank = [
-        ln for ln in lines[: next((i for i, ln in enumerate(lines) if ln.comment), len(lines))]
-    ]
-    rest = lines[len(blank) :]
+
+    def first_comment(lines: Sequence[cst.EmptyLine]) -> int:
+        return next((i for i, line in enumerate(lines) if line.comment), len(lines))
+
+    blank = list(anchor.leading_lines[: first_comment(anchor.leading_lines)])
     plan.edits.insert_before(anchor, statement.with_changes(leading_lines=blank), first=True)
-    plan.edits.replace(
-        anchor, lambda node: node.with_changes(leading_lines=[cst.EmptyLine(indent=False), *rest])
+    plan.edits.replace(  # on the anchor as other steps left it (a rewrite may have added lines)
+        anchor,
+        lambda node: node.with_changes(
+            leading_lines=[
+                cst.EmptyLine(indent=False),
+                *node.leading_lines[first_comment(node.leading_lines) :],
+            ]
+        ),
     )
 
 

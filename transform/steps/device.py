@@ -14,6 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, key_of, mentions, names_in
+from accelify.transform.edits import comments_in
 from accelify.transform.patterns import Role, is_device
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
@@ -106,7 +107,7 @@ def _one_device(plan: Plan, bindings: list[Binding]) -> None:
         plan.edits.replace(
             chain,
             lambda node: assign.with_changes(
-                leading_lines=[*node.leading_lines, *_comments(chain)]
+                leading_lines=[*node.leading_lines, *comments_in(chain)]
             ),
         )
     elif holder is not None:  # chosen in a branch that does more: follow it
@@ -140,17 +141,6 @@ def _holder(plan: Plan, binding: Binding) -> cst.BaseStatement | None:
     if isinstance(top, cst.For | cst.While):
         raise Refused(binding.node, f"{binding.key} is chosen in a loop")
     return top
-
-
-def _comments(chain: cst.If) -> list[cst.EmptyLine]:
-    """Own-line comments inside a collapsed ``if``/``elif``/``else`` chain."""
-    out: list[cst.EmptyLine] = []
-    branch: cst.If | cst.Else | None = chain
-    while branch is not None:
-        for statement in branch.body.body:  # type: ignore[union-attr]
-            out.extend(line for line in statement.leading_lines if line.comment is not None)
-        branch = branch.orelse if isinstance(branch, cst.If) else None
-    return out
 
 
 def _string_device(plan: Plan, bindings: list[Binding]) -> bool:
