@@ -89,15 +89,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rule_command(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="accel-lint rule", description="Print a rule's docs.")
+    parser = argparse.ArgumentParser(
+        prog="accel-lint rule", description="Print a rule's docs; without a code, list the rules."
+    )
     parser.add_argument("code", nargs="?", help="a code (ACL101) or name (unwrapped-save)")
     parser.add_argument("--all", action="store_true", help="every rule")
     args = parser.parse_args(argv)
     rules = all_rules()
     if args.all:
         chosen = rules
+    elif args.code is None:  # the index: one line a rule, then `accel-lint rule CODE` for docs
+        out = console()
+        for rule in rules:
+            default = "" if rule.enabled_by_default else "  (off by default)"
+            out.print(f"{rule.code}  {rule.name}{default}", markup=False)
+        return EXIT_OK
     else:
-        chosen = [r for r in rules if args.code and args.code in (r.code, r.name)]
+        chosen = [r for r in rules if args.code in (r.code, r.name)]
         if not chosen:
             console(stderr=True).print(
                 f"accel-lint: unknown rule {args.code!r} (see `accel-lint rule --all`)",

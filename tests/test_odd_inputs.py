@@ -159,3 +159,22 @@ def test_a_malformed_notebook_is_refused_with_what_is_off(
     assert lint_cli.run([str(tmp_path / "nb.ipynb")]) == 2
     out = capsys.readouterr()
     assert message in out.out + out.err
+
+
+@pytest.mark.parametrize("no_color", ["", "1"], ids=["styled", "NO_COLOR"])
+def test_no_color_turns_every_escape_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    no_color: str,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as on a terminal
+    monkeypatch.setenv("NO_COLOR", no_color)
+    _files(tmp_path, train=TRAINING)
+    assert convert_cli.run(["--check", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert ("\x1b[" in out.out + out.err) is not bool(no_color)
+
+
+def test_rule_without_a_code_lists_the_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    assert lint_cli.run(["rule"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ACL001  ") and len(lines) > 10

@@ -24,8 +24,12 @@ EXIT_ERROR = 2  # bad input or usage
 
 
 def console(stderr: bool = False) -> Console:
-    """A console that styles only on a terminal and never wraps (paths must stay greppable)."""
-    return Console(stderr=stderr, soft_wrap=True, highlight=False)
+    """A console that styles only on a terminal and never wraps (paths must stay greppable).
+
+    ``NO_COLOR`` (any value, no-color.org) turns every escape off, bold and dim included;
+    ``FORCE_COLOR`` styles a pipe too (rich reads it)."""
+    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+    return Console(stderr=stderr, soft_wrap=True, highlight=False, **plain)
 
 
 class VersionAction(argparse.Action):
