@@ -6,13 +6,16 @@ Exit codes: 0 nothing found, 1 findings (or, with --diff, fixes to show), 2 bad 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Sequence
 from functools import partial
 
+from rich.console import Console
+
 from accelify.rules import config
 from accelify.rules.checks import all_rules
-from accelify.rules.formats import FORMATS, MACHINE, render_text
+from accelify.rules.formats import FORMATS, MACHINE, render_statistics, render_text
 from accelify.rules.rule import Rule
 from accelify.rules.runner import Options, check_file
 from accelify.transform.console import (
@@ -24,7 +27,7 @@ from accelify.transform.console import (
     exit_on_signals,
     parallel_map,
 )
-from accelify.transform.sources import SourceError, iter_paths
+from accelify.transform.sources import SourceError, iter_paths, write_atomic
 
 EXAMPLES = """\
 examples:
@@ -78,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
         "--output-format", choices=FORMATS, default="text", help="default: text (for people)"
     )
     parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    parser.add_argument(
+        "--statistics", action="store_true", help="count findings per rule instead of listing them"
+    )
+    parser.add_argument(
+        "--output-file", metavar="FILE", help="write the report to FILE (atomically), not stdout"
+    )
     parser.add_argument(
         "--config", metavar="FILE", help="settings file; skips the pyproject search"
     )
@@ -135,6 +144,8 @@ def _options(args: argparse.Namespace, rules: list[type[Rule]]) -> Options:
 def run(argv: Sequence[str]) -> int:
     if argv and argv[0] == "rule":
         return _rule_command(argv[1:])
+    if argv and argv[0] == "check":  # `ruff check ...` habits
+        argv = argv[1:]
     args = _parser().parse_args(argv)
     errors = console(stderr=True)
     rules = all_rules()
@@ -153,10 +164,20 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.write("".join(r.diff for r in results))
         found = any(r.diff for r in results)
     else:
-        if args.output_format == "text":
-            render_text(results, console())
+        report = io.StringIO() if args.output_file else None
+        out = Console(file=report, color_system=None) if report else console()
+        if args.statistics:
+            render_statistics(results, out)
+        elif args.output_format == "text":
+            render_text(results, out)
         else:
-            sys.stdout.write(MACHINE[args.output_format](results, rules) + "\n")
+            out.file.write(MACHINE[args.output_format](results, rules) + "\n")
+        if report is not None:
+            try:
+                write_atomic(args.output_file, report.getvalue().encode())
+            except SourceError as err:
+                errors.print(str(err), markup=False)
+                return EXIT_ERROR
         found = any(r.findings for r in results)
     if failed:
         return EXIT_ERROR

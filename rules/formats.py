@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def render_text(results: Sequence[FileResult], out: Console) -> None:
         out.print(f"Found {len(pairs)} problem{'s' * (len(pairs) != 1)}{hint}.", markup=False)
     elif not any(r.error for r in results):
         out.print("All checks passed!", markup=False)
+
+
+def render_statistics(results: Sequence[FileResult], out: Console) -> None:
+    """One line a rule that fired, most findings first (Ruff's ``--statistics``)."""
+    counts = Counter((f.code, f.name, f.fix == "safe") for _, f in _pairs(results))
+    for (code, name, safe), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        out.print(f"{count:>5}  {code}  {'[*] ' if safe else ''}{name}", markup=False)
 
 
 def render_json(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:

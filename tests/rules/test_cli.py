@@ -155,3 +155,17 @@ def test_console_script_runs_without_importing_torch(buggy: Path) -> None:
         [sys.executable, "-c", code, str(buggy)], capture_output=True, text=True, check=False
     )
     assert result.stdout.strip().splitlines()[-1] == "False 1"
+
+
+def test_ruff_habits_check_statistics_and_output_file(lint_cli, buggy: Path) -> None:
+    assert codes(lint_cli("check", str(buggy)).out) == ["ACL201", "ACL103"]
+    stats = lint_cli(str(buggy), "--statistics")
+    assert stats.code == 1
+    assert [line.split() for line in stats.out.splitlines()] == [
+        ["1", "ACL103", "unsafe-torch-load"],
+        ["1", "ACL201", "[*]", "backward-bypass"],
+    ]
+    report = buggy.with_name("report.json")
+    written = lint_cli(str(buggy), "--output-format", "json", "--output-file", str(report))
+    assert written.code == 1 and written.out == ""
+    assert [f["code"] for f in json.loads(report.read_text())] == ["ACL201", "ACL103"]
