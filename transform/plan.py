@@ -45,11 +45,12 @@ class Plan:
     setup: Setup | None
     edits: Edits = field(default_factory=Edits)
     notes: list[Note] = field(default_factory=list)
-    # Arguments the created Accelerator(...) gets, filled by the amp/accumulate steps.
+    # Arguments the created Accelerator(...) gets, filled by the steps before ``place`` (and by it).
     accelerator_kwargs: dict[str, cst.BaseExpression] = field(default_factory=dict)
     # Functions imported from the script's own modules that download (see neighbours.py).
     fetching_imports: frozenset[str] = frozenset()
-    cpu_choice: cst.CSTNode | None = None  # where the script chose the CPU ``cpu=`` carries over
+    # Where the script chooses the CPU, and the ``cpu=`` argument that keeps that choice.
+    cpu_choice: tuple[cst.CSTNode, cst.BaseExpression] | None = None
     imports: set[str] = field(default_factory=set)  # names to import from the runtime
     # Functions other than the setup scope that use the accelerator and must be handed it.
     borrowers: set[Scope] = field(default_factory=set)

@@ -9,12 +9,12 @@ the import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of, mentions, names_in
-from accelify.transform.flow import Point
+from accelify.transform.analysis import Analysis, Binding, Scope, key_of, mentions, names_in
+from accelify.transform.flow import Block, Point
 from accelify.transform.patterns import Role, is_device, keyword_arg, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
@@ -40,28 +40,21 @@ def place(plan: Plan) -> None:
     setup = plan.setup
     if setup is None:
         return
-    flag = plan.accelerator_kwargs.pop("cpu", None)
     setup.create_at = _creation_point(plan)
-    if flag is None or plan.cpu_choice is None:
+    if plan.cpu_choice is None:
         return
-    # The script's choice of the CPU is carried over only where it does not move the accelerator
-    # later (after a download it must guard, or past where the training needs it).
-    plan.accelerator_kwargs["cpu"] = flag
-    try:
-        later = _creation_point(plan)
-    except Refused:
-        later = None
+    # The script's choice of the CPU is carried over only where what it reads is set by then:
+    # it may not move the accelerator later (after a download it must guard, say).
+    chosen_at, flag = plan.cpu_choice
     code = plan.analysis.module.code_for_node(flag)
-    same = later is not None and (later.block, later.index) == (
-        setup.create_at.block,
-        setup.create_at.index,
-    )
-    if same:
-        plan.changed(plan.cpu_choice, f"the script's choice of the CPU carries over: cpu={code}")
+    point = setup.create_at
+    read = {name.value for name in names_in(flag)}
+    if all(after <= point.index for _b, after in _set_in(plan, point.block, read)):
+        plan.accelerator_kwargs["cpu"] = flag
+        plan.changed(chosen_at, f"the script's choice of the CPU carries over: cpu={code}")
         return
-    del plan.accelerator_kwargs["cpu"]
     plan.needs_human(
-        plan.cpu_choice,
+        chosen_at,
         f"the accelerator now picks the device: Accelerator(cpu={code}) would keep this choice "
         "of the CPU, but it is decided after the accelerator must exist",
     )
@@ -140,13 +133,7 @@ def _creation_point(plan: Plan) -> Point:
     builds += [t.index(block, top) for n in early if (top := t.top_in(block, n)) is not None]
     index = min([limit, *musts, *builds])
     needed = {name.value for v in _kwargs(plan).values() for name in names_in(v)}
-    for b in a.bindings:
-        if b.scope is not scope or b.key not in needed:
-            continue
-        top = t.top_in(block, b.node)
-        if top is None:
-            continue  # set before the block, or after it (not needed: the last is what counts)
-        after = t.index(block, top) + 1
+    for b, after in _set_in(plan, block, needed):
         if after > min([limit, *musts]):
             raise Refused(
                 b.node,
@@ -158,6 +145,20 @@ def _creation_point(plan: Plan) -> Point:
     if t.in_loop(point):
         raise Refused(block, "the accelerator would be created inside a loop")
     return point
+
+
+def _set_in(plan: Plan, block: Block, names: set[str]) -> Iterator[tuple[Binding, int]]:
+    """(binding, the index just after it) for each assignment of ``names`` in the setup scope
+    that sits in ``block``: an accelerator created there reads them only after that index."""
+    setup = plan.setup
+    assert setup is not None
+    t = setup.timeline
+    for b in plan.analysis.bindings:
+        if b.scope is not setup.scope or b.key not in names:
+            continue
+        top = t.top_in(block, b.node)
+        if top is not None:  # else set before the block, or after it (the last one counts)
+            yield b, t.index(block, top) + 1
 
 
 def picks_device(a: Analysis) -> bool:

@@ -5,9 +5,9 @@
 ``device = torch.device("cuda" if use_cuda else "cpu")`` (or an ``if``/``else`` that picks the
 two) gives way to ``accelerator.device``; without this step a ``--no-cuda`` flag would stop
 working and the converted script would take the GPU anyway. The condition goes over as it is
-(``cpu=not use_cuda``), so it is read where the accelerator is created: :func:`place` drops it,
-with a note, when that is too early. A condition made only of ``*.is_available()`` calls needs no
-flag: the accelerator makes the same choice.
+(``cpu=not use_cuda``), so it is read where the accelerator is created: :func:`place` passes it
+on only when what it reads is set by then, and says so when it is not. A condition made only of
+``*.is_available()`` calls needs no flag: the accelerator makes the same choice.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from accelify.transform.analysis import Analysis, Binding, mentions
 from accelify.transform.patterns import Role, dotted_name, is_device
 from accelify.transform.plan import Plan
 from accelify.transform.steps.device import device_chain
+
+_DEVICE = frozenset({"torch.device", "device"})
 
 
 def cpu_choice(plan: Plan) -> None:
@@ -47,8 +49,7 @@ def cpu_choice(plan: Plan) -> None:
         flag = cst.Name("True")  # ``device = "cpu"``: the script runs on the CPU, wherever it is
     else:
         return
-    plan.accelerator_kwargs["cpu"] = flag
-    plan.cpu_choice = bindings[0].node
+    plan.cpu_choice = (bindings[0].node, flag)
 
 
 def _condition(a: Analysis, bindings: list[Binding]) -> tuple[cst.BaseExpression, bool] | None:
@@ -83,15 +84,8 @@ def _sides(
 
 
 def _is_cpu(value: cst.BaseExpression) -> bool:
-    if (
-        isinstance(value, cst.Call)
-        and len(value.args) == 1
-        and dotted_name(value.func)
-        in {
-            "torch.device",
-            "device",
-        }
-    ):
+    """``"cpu"`` or ``torch.device("cpu")``."""
+    if isinstance(value, cst.Call) and len(value.args) == 1 and dotted_name(value.func) in _DEVICE:
         value = value.args[0].value
     return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
 
