@@ -14,7 +14,7 @@ every process has to run the model's forward together. So are loggers every proc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
@@ -96,25 +96,26 @@ def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]
 
 def _guard(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
     test = cst.Attribute(accelerator, cst.Name("is_main_process"))
-    plan.edits.replace(
-        statement,
-        lambda node: cst.If(
-            test=test,
-            body=cst.IndentedBlock(body=[node.with_changes(leading_lines=())]),
-            leading_lines=node.leading_lines,
-        ),
-    )
+    _enclose(plan, statement, lambda body: cst.If(test=test, body=body))
 
 
 def _first(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
     item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
+    _enclose(plan, statement, lambda body: cst.With(items=[item], body=body))
+
+
+def _enclose(
+    plan: Plan,
+    statement: cst.BaseStatement,
+    compound: Callable[[cst.IndentedBlock], cst.BaseCompoundStatement],
+) -> None:
+    """Make ``statement`` the body of the compound statement ``compound`` builds around it; the
+    blank lines and comments above it stay above the new header."""
     plan.edits.replace(
         statement,
-        lambda node: cst.With(
-            items=[item],
-            body=cst.IndentedBlock(body=[node.with_changes(leading_lines=())]),
-            leading_lines=node.leading_lines,
-        ),
+        lambda node: compound(
+            cst.IndentedBlock(body=[node.with_changes(leading_lines=())])
+        ).with_changes(leading_lines=node.leading_lines),
     )
 
 
