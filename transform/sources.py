@@ -130,22 +130,20 @@ def write_atomic(path: str, data: bytes) -> None:
         raise SourceError(path, 0, "read-only file, not rewritten (make it writable to allow)")
     for stale in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
         stale.unlink(missing_ok=True)
+    tmp = ""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as err:
-        raise SourceError(path, 0, f"cannot write: {err.strerror or err}") from None
-    try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
-        raise SourceError(path, 0, f"cannot write: {err.strerror or err}") from None
-    except BaseException:  # interrupted (SIGINT, or SIGTERM through exit_on_signals)
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:  # also SIGINT, and SIGTERM through exit_on_signals
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise SourceError(path, 0, f"cannot write: {err.strerror or err}") from None
         raise
 
 
