@@ -43,9 +43,10 @@ def _cells(path: str, text: str) -> list[dict]:
         raise SourceError(path, 1, 'not a Jupyter notebook: no "cells" list')
     for index, cell in enumerate(cells, start=1):
         source = cell.get("source") if isinstance(cell, dict) else None
-        lines = source if isinstance(source, list) else [source]
-        kind = cell.get("cell_type") if isinstance(cell, dict) else None
-        if kind not in _CELL_TYPES or not all(isinstance(line, str) for line in lines):
+        text = isinstance(source, str) or (
+            isinstance(source, list) and all(isinstance(line, str) for line in source)
+        )
+        if not text or cell.get("cell_type") not in _CELL_TYPES:
             raise SourceError(
                 path,
                 1,
