@@ -122,7 +122,8 @@ def _convert(module: cst.Module, source: str, options: Options, path: str) -> Re
         return Result(code=source, notes=(note,), original=source)
     setup, refusals = find_setup(analysis)
     plan = Plan(analysis, options, setup)
-    plan.fetching_imports = fetching_imports(path, analysis.names.imports)
+    if setup is not None:  # reads the modules beside the script: only when it will be converted
+        plan.fetching_imports = fetching_imports(path, analysis.names.imports)
     try:
         _refuse_training_elsewhere(plan)
         for step in STEPS:
