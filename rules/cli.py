@@ -5,31 +5,35 @@ Exit codes: 0 nothing found, 1 findings (or, with --diff, fixes to show), 2 bad 
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from collections.abc import Sequence
 from functools import partial
+from typing import Annotated
 
+import typer
 from rich.console import Console
 
 from accelify.rules import config
 from accelify.rules.checks import all_rules
-from accelify.rules.formats import FORMATS, MACHINE, render_statistics, render_text
+from accelify.rules.formats import MACHINE, OutputFormat, render_statistics, render_text
 from accelify.rules.rule import Rule
 from accelify.rules.runner import Options, check_file
-from accelify.transform.console import (
-    EXIT_ERROR,
-    EXIT_FOUND,
-    EXIT_OK,
-    VersionAction,
-    console,
-    exit_on_signals,
-    parallel_map,
-)
+from accelify.transform import console as term
 from accelify.transform.sources import SourceError, iter_paths, write_atomic
 
+PROG = "accel-lint"
+
+HELP = """Find distributed-training bugs in Accelerate-style scripts statically, before they cost
+GPU hours: CUDA touched before a fork, wrapped models saved, collectives on one process, metrics
+computed on one shard, schedules sized wrong. Never imports torch.
+
+Each PATH is a file or a folder (.py and .ipynb files; default: .); - reads standard input.
+
+Exit status: 0 clean, 1 findings (with --diff: fixes to show), 2 error.
+"""
 EXAMPLES = """\
+\b
 examples:
   accel-lint train.py notebooks/          lint files and folders (.py and .ipynb)
   accel-lint --fix .                      apply safe fixes in place, report the rest
@@ -39,10 +43,12 @@ examples:
   accel-lint rule ACL101                  what a rule finds, why, and what to write instead
   accel-lint rule --all                   every rule's documentation
 
+\b
 rule codes:
   ACL0xx  hangs and crashes on many processes   ACL1xx  checkpoints and files
   ACL2xx  training-loop correctness             ACL3xx  noise (off by default)
 
+\b
 configuration (pyproject.toml, found by walking up from each file, or --config FILE):
   [tool.accelify.lint]
   select = ["ACL"]            # default: every rule not off by default
@@ -55,135 +61,160 @@ suppress one line with `# noqa: ACL101` (or a bare `# noqa`), a whole file with 
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="accel-lint",
-        description=(
-            "Find distributed-training bugs in Accelerate-style scripts statically, before\n"
-            "they cost GPU hours: CUDA touched before a fork, wrapped models saved, collectives\n"
-            "on one process, metrics computed on one shard, schedules sized wrong. Never imports\n"
-            "torch. Exit status: 0 clean, 1 findings (with --diff: fixes to show), 2 error."
+def _check(  # typer passes every parameter by name
+    *,
+    # The argument's help goes in HELP: click 8.5 drops typer's help for arguments.
+    paths: Annotated[
+        list[str] | None, typer.Argument(metavar="[PATH]...", show_default=False)
+    ] = None,
+    select: Annotated[
+        str | None, typer.Option(metavar="CODES", help="Comma-separated codes, prefixes or names.")
+    ] = None,
+    ignore: Annotated[
+        str | None, typer.Option(metavar="CODES", help="Rules to turn off, as for --select.")
+    ] = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Apply safe fixes in place.")] = False,
+    unsafe_fixes: Annotated[
+        bool, typer.Option("--unsafe-fixes", help="With --fix/--diff, apply unsafe fixes too.")
+    ] = False,
+    show_fixes: Annotated[
+        bool,
+        typer.Option("--show-fixes", help="With --fix, list the fixes applied per file and rule."),
+    ] = False,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Print fixes as a diff, write nothing.")
+    ] = False,
+    output_format: Annotated[
+        OutputFormat, typer.Option(help="text is for people; the others for CI and review tools.")
+    ] = "text",
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 even with findings.")
+    ] = False,
+    statistics: Annotated[
+        bool, typer.Option("--statistics", help="Count findings per rule instead of listing them.")
+    ] = False,
+    output_file: Annotated[
+        str | None,
+        typer.Option(metavar="FILE", help="Write the report to FILE (atomically), not stdout."),
+    ] = None,
+    config_file: Annotated[
+        str | None,
+        typer.Option("--config", metavar="FILE", help="Settings file; skips the pyproject search."),
+    ] = None,
+    stdin_filename: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PATH",
+            help="The name standard input is linted as (for reports, config and per-file-ignores).",
         ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("paths", nargs="*", default=["."], help="files or folders (default: .)")
-    parser.add_argument(
-        "--select", metavar="CODES", help="comma-separated codes, prefixes or names"
-    )
-    parser.add_argument("--ignore", metavar="CODES", help="rules to turn off, as for --select")
-    parser.add_argument("--fix", action="store_true", help="apply safe fixes in place")
-    parser.add_argument(
-        "--unsafe-fixes", action="store_true", help="with --fix/--diff, apply unsafe fixes too"
-    )
-    parser.add_argument("--diff", action="store_true", help="print fixes as a diff, write nothing")
-    parser.add_argument(
-        "--output-format", choices=FORMATS, default="text", help="default: text (for people)"
-    )
-    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
-    parser.add_argument(
-        "--statistics", action="store_true", help="count findings per rule instead of listing them"
-    )
-    parser.add_argument(
-        "--output-file", metavar="FILE", help="write the report to FILE (atomically), not stdout"
-    )
-    parser.add_argument(
-        "--config", metavar="FILE", help="settings file; skips the pyproject search"
-    )
-    parser.add_argument(
-        "--jobs", "-j", type=int, default=1, metavar="N", help="files in parallel (0: one per CPU)"
-    )
-    parser.add_argument("--version", action=VersionAction)
-    return parser
-
-
-def _rule_command(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="accel-lint rule", description="Print a rule's docs; without a code, list the rules."
-    )
-    parser.add_argument("code", nargs="?", help="a code (ACL101) or name (unwrapped-save)")
-    parser.add_argument("--all", action="store_true", help="every rule")
-    args = parser.parse_args(argv)
+    ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs", "-j", min=0, metavar="N", help="Files in parallel (0: one per CPU)."
+        ),
+    ] = 1,
+    color: term.ColorOption = "auto",
+    version: term.VersionFlag = False,
+) -> int:
+    term.use_color(color)
     rules = all_rules()
-    if args.all:
-        chosen = rules
-    elif args.code is None:  # the index: one line a rule, then `accel-lint rule CODE` for docs
-        out = console()
-        for rule in rules:
-            default = "" if rule.enabled_by_default else "  (off by default)"
-            out.print(f"{rule.code}  {rule.name}{default}", markup=False)
-        return EXIT_OK
-    else:
-        chosen = [r for r in rules if args.code in (r.code, r.name)]
-        if not chosen:
-            console(stderr=True).print(
-                f"accel-lint: unknown rule {args.code!r} (see `accel-lint rule --all`)",
-                markup=False,
-            )
-            return EXIT_ERROR
-    out = console()
-    for rule in chosen:
-        default = "" if rule.enabled_by_default else ", off by default"
-        out.print(f"# {rule.code} {rule.name} ({rule.severity.value}{default})\n", markup=False)
-        out.print(rule.docs() + "\n", markup=False)
-    return EXIT_OK
-
-
-def _options(args: argparse.Namespace, rules: list[type[Rule]]) -> Options:
-    select = config.parse_selectors(args.select)
-    ignore = config.parse_selectors(args.ignore) or ()
-    config.check_selectors(rules, [*(select or ()), *ignore], "accel-lint")
-    settings = config.load(args.config) if args.config else None
-    if settings is not None:
-        selectors = [*(settings.select or ()), *settings.extend_select, *settings.ignore]
-        selectors += [c for _, codes in settings.per_file_ignores for c in codes]
-        config.check_selectors(rules, selectors, args.config)
-    return Options(select, ignore, args.fix, args.unsafe_fixes, args.diff, settings)
-
-
-def run(argv: Sequence[str]) -> int:
-    if argv and argv[0] == "rule":
-        return _rule_command(argv[1:])
-    if argv and argv[0] == "check":  # `ruff check ...` habits
-        argv = argv[1:]
-    args = _parser().parse_args(argv)
-    errors = console(stderr=True)
-    rules = all_rules()
+    select_codes = config.parse_selectors(select)
+    ignore_codes = config.parse_selectors(ignore) or ()
+    unknown = config.unknown_selectors(rules, [*(select_codes or ()), *ignore_codes])
+    if unknown:
+        return term.usage_error(PROG, f"unknown rule selector {unknown[0]!r}")
+    errors = term.console(stderr=True)
     try:
-        options = _options(args, rules)
-        paths = list(iter_paths(args.paths, suffixes=(".py", ".ipynb")))
+        settings = _settings(config_file, rules)
+        files = list(iter_paths(paths or ["."], suffixes=(".py", ".ipynb")))
     except SourceError as err:
         errors.print(str(err), markup=False)
-        return EXIT_ERROR
-    results = list(parallel_map(partial(check_file, options=options), paths, args.jobs))
+        return term.EXIT_ERROR
+    options = Options(select_codes, ignore_codes, fix, unsafe_fixes, diff, settings, stdin_filename)
+    results = list(term.parallel_map(partial(check_file, options=options), files, jobs))
     for result in results:
         for line in [*result.notes, *([result.error] if result.error else [])]:
             errors.print(line, markup=False)
     failed = any(r.error for r in results)
-    if args.diff:
+    if diff:
         sys.stdout.write("".join(r.diff for r in results))
         found = any(r.diff for r in results)
     else:
-        report = io.StringIO() if args.output_file else None
-        out = Console(file=report, color_system=None) if report else console()
-        if args.statistics:
+        report = io.StringIO() if output_file else None
+        out = Console(file=report, color_system=None) if report else term.console()
+        if statistics:
             render_statistics(results, out)
-        elif args.output_format == "text":
-            render_text(results, out)
+        elif output_format == "text":
+            render_text(results, out, show_fixes)
         else:
-            out.file.write(MACHINE[args.output_format](results, rules) + "\n")
-        if report is not None:
+            out.file.write(MACHINE[output_format](results, rules) + "\n")
+        if output_file is not None and report is not None:
             try:
-                write_atomic(args.output_file, report.getvalue().encode())
+                write_atomic(output_file, report.getvalue().encode())
             except SourceError as err:
                 errors.print(str(err), markup=False)
-                return EXIT_ERROR
+                return term.EXIT_ERROR
         found = any(r.findings for r in results)
     if failed:
-        return EXIT_ERROR
-    return EXIT_FOUND if found and not args.exit_zero else EXIT_OK
+        return term.EXIT_ERROR
+    return term.EXIT_FOUND if found and not exit_zero else term.EXIT_OK
+
+
+def _settings(path: str | None, rules: list[type[Rule]]) -> config.Config | None:
+    """``--config FILE``, its selectors checked (a typo must not turn everything off)."""
+    if path is None:
+        return None
+    settings = config.load(path)
+    selectors = [*(settings.select or ()), *settings.extend_select, *settings.ignore]
+    selectors += [c for _, codes in settings.per_file_ignores for c in codes]
+    unknown = config.unknown_selectors(rules, selectors)
+    if unknown:
+        raise SourceError(path, 0, f"unknown rule selector {unknown[0]!r}")
+    return settings
+
+
+def _rule(
+    code: Annotated[str | None, typer.Argument(metavar="[CODE]", show_default=False)] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every rule's documentation.")] = False,
+) -> int:
+    rules = all_rules()
+    if every:
+        chosen = rules
+    elif code is None:  # the index: one line a rule, then `accel-lint rule CODE` for docs
+        out = term.console()
+        for rule in rules:
+            default = "" if rule.enabled_by_default else "  (off by default)"
+            out.print(f"{rule.code}  {rule.name}{default}", markup=False)
+        return term.EXIT_OK
+    else:
+        chosen = [r for r in rules if code in (r.code, r.name)]
+        if not chosen:
+            return term.usage_error(
+                f"{PROG} rule", f"unknown rule {code!r} (see `accel-lint rule`)"
+            )
+    out = term.console()
+    for rule in chosen:
+        default = "" if rule.enabled_by_default else ", off by default"
+        out.print(f"# {rule.code} {rule.name} ({rule.severity.value}{default})\n", markup=False)
+        out.print(rule.docs() + "\n", markup=False)
+    return term.EXIT_OK
+
+
+RULE_HELP = """Print a rule's documentation (CODE is a code like ACL101 or a name like
+unwrapped-save); without one, list the rules."""
+
+
+def run(argv: Sequence[str]) -> int:
+    """Lint what ``argv`` names (``accel-lint rule ...``: the rules' docs); the exit status."""
+    if argv and argv[0] == "rule":
+        return term.run_command(_rule, argv[1:], f"{PROG} rule", help=RULE_HELP, completion=False)
+    if argv and argv[0] == "check":  # `ruff check ...` habits
+        argv = argv[1:]
+    return term.run_command(_check, argv, PROG, help=HELP, epilog=EXAMPLES)
 
 
 def main() -> None:
-    exit_on_signals()
+    """Console-script entry point."""
+    term.exit_on_signals()
     sys.exit(run(sys.argv[1:]))

@@ -128,11 +128,9 @@ def matches(rule: type[Rule], selector: str) -> bool:
     )
 
 
-def check_selectors(rules: Sequence[type[Rule]], selectors: Iterable[str], where: str) -> None:
-    """Reject selectors that match no rule: a typo must not silently turn everything off."""
-    for selector in selectors:
-        if not any(matches(rule, selector) for rule in rules):
-            raise SourceError(where, 0, f"unknown rule selector {selector!r}")
+def unknown_selectors(rules: Sequence[type[Rule]], selectors: Iterable[str]) -> list[str]:
+    """Selectors that match no rule: a typo must not silently turn everything off."""
+    return [s for s in selectors if not any(matches(rule, s) for rule in rules)]
 
 
 def select_rules(

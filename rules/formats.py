@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,8 +20,9 @@ from rich.markup import escape
 from accelify.rules.engine import Finding
 from accelify.rules.rule import Rule, Severity
 from accelify.rules.runner import FileResult
+from accelify.transform.console import github_annotation
 
-FORMATS = ("text", "json", "github", "gitlab", "sarif")
+OutputFormat = Literal["text", "json", "github", "gitlab", "sarif"]
 _GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 _GITLAB_SEVERITY = {Severity.ERROR: "critical", Severity.WARNING: "major", Severity.INFO: "info"}
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -36,8 +38,9 @@ def _pairs(results: Sequence[FileResult]) -> list[tuple[str, Finding]]:
     return [(r.path, f) for r in results for f in r.findings]
 
 
-def render_text(results: Sequence[FileResult], out: Console) -> None:
-    """Findings one per line, excerpts on a terminal, and a summary."""
+def render_text(results: Sequence[FileResult], out: Console, show_fixes: bool = False) -> None:
+    """Findings one per line, excerpts on a terminal, and a summary (with ``show_fixes``, the
+    fixes applied per file and rule, as Ruff's ``--show-fixes``)."""
     pairs = _pairs(results)
     for path, finding in pairs:
         mark = " [*]" if finding.fix == "safe" else ""
@@ -68,9 +71,15 @@ def render_text(results: Sequence[FileResult], out: Console) -> None:
                 + "^" * width
                 + "[/]"
             )
-    fixed = sum(r.fixed for r in results)
+    fixed = sum(r.fixed.total() for r in results)
     if fixed:
-        out.print(f"Fixed {fixed} problem{'s' * (fixed != 1)}.", markup=False)
+        end = ":" if show_fixes else "."
+        out.print(f"Fixed {fixed} problem{'s' * (fixed != 1)}{end}", markup=False)
+    for result in results if show_fixes else ():
+        if result.fixed:
+            out.print(f"- {result.path}:", markup=False)
+            for (code, name), count in sorted(result.fixed.items()):
+                out.print(f"    {count} x {code} ({name})", markup=False)
     if pairs:
         safe = sum(f.fix == "safe" for _, f in pairs)
         unsafe = sum(f.fix == "unsafe" for _, f in pairs)
@@ -113,27 +122,21 @@ def render_json(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> s
     )
 
 
-def _escape(value: str, prop: bool = False) -> str:
-    """Workflow-command escaping (properties also escape ``:`` and ``,``)."""
-    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    return value.replace(":", "%3A").replace(",", "%2C") if prop else value
-
-
 def render_github(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
     """GitHub Actions workflow commands: each finding becomes an annotation on the PR diff."""
-    lines = []
-    for path, f in _pairs(results):
-        props = {
-            "file": path,
-            "line": f.line,
-            "col": f.column,
-            "endLine": f.end_line,
-            "endColumn": f.end_column,
-            "title": f"accel-lint {f.code} ({f.name})",
-        }
-        where = ",".join(f"{k}={_escape(str(v), prop=True)}" for k, v in props.items())
-        lines.append(f"::{_GITHUB_LEVEL[f.severity]} {where}::{f.code} {_escape(f.message)}")
-    return "\n".join(lines)
+    return "\n".join(
+        github_annotation(
+            _GITHUB_LEVEL[f.severity],
+            f"{f.code} {f.message}",
+            file=path,
+            line=f.line,
+            col=f.column,
+            endLine=f.end_line,
+            endColumn=f.end_column,
+            title=f"accel-lint {f.code} ({f.name})",
+        )
+        for path, f in _pairs(results)
+    )
 
 
 def render_gitlab(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:

@@ -4,13 +4,22 @@ be checked in worker processes (``--jobs``)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 
 from accelify.rules import config, engine, notebook
 from accelify.rules.checks import all_rules
 from accelify.rules.engine import Finding
 from accelify.rules.rule import Rule
-from accelify.transform.sources import STDIN, Source, SourceError, read, too_deep, write_atomic
+from accelify.transform.sources import (
+    STDIN,
+    STDIN_NAME,
+    Source,
+    SourceError,
+    read,
+    too_deep,
+    write_atomic,
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,7 @@ class Options:
     unsafe_fixes: bool = False
     diff: bool = False  # compute fixes and show them, write nothing
     config: config.Config | None = None  # --config: one settings file for every path
+    stdin_filename: str | None = None  # --stdin-filename: the name standard input is linted as
 
 
 @dataclass
@@ -29,17 +39,19 @@ class FileResult:
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None  # one line, ``path:line: message``
     diff: str = ""
-    fixed: int = 0  # findings that fixes removed
+    fixed: Counter[tuple[str, str]] = field(default_factory=Counter)  # (code, name): removed
     notes: list[str] = field(default_factory=list)
 
 
 def check_file(path: str, options: Options) -> FileResult:
     """Lint (and with ``--fix``/``--diff``, fix) one file; errors come back as one line."""
-    result = FileResult(path if path != STDIN else "<stdin>")
+    name = path if path != STDIN else options.stdin_filename or STDIN_NAME
+    result = FileResult(name)
     try:
         _check(path, options, result)
     except SourceError as err:
-        result.error = str(err)
+        named = err if err.path != STDIN_NAME else SourceError(name, err.line, err.message)
+        result.error = str(named)
     except Exception as err:  # a bug in a rule must not hide the other files' findings
         result.error = (
             f"{result.path}:0: internal error (please report): {type(err).__name__}: {err}"
@@ -49,9 +61,10 @@ def check_file(path: str, options: Options) -> FileResult:
 
 def _check(path: str, options: Options, result: FileResult) -> None:
     source = read(path)
-    settings = config.for_file(path, options.config)
-    rules = config.select_rules(all_rules(), settings, path, options.select, options.ignore)
-    book = notebook.parse(result.path, source.text) if path.endswith(".ipynb") else None
+    name = result.path if path == STDIN and options.stdin_filename else path
+    settings = config.for_file(name, options.config)
+    rules = config.select_rules(all_rules(), settings, name, options.select, options.ignore)
+    book = notebook.parse(result.path, source.text) if name.endswith(".ipynb") else None
     text = book.text if book is not None else source.text
     try:
         if (options.fix or options.diff) and book is None and path != STDIN:
@@ -94,7 +107,9 @@ def _fix(source: Source, rules: list[type[Rule]], options: Options, result: File
         )
         return text
     write_atomic(path, source.encode(fixed))
-    result.fixed = len(before) - len(engine.lint(fixed, rules))
+    count = Counter((f.code, f.name) for f in before)
+    count.subtract((f.code, f.name) for f in engine.lint(fixed, rules))
+    result.fixed = +count  # drops rules whose findings did not go down
     return fixed
 
 

@@ -8,23 +8,24 @@ A bad file is reported in one ``path:line: message`` line and never stops the ot
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path, PurePath
-from typing import Literal, get_args
+from typing import Annotated, Literal
 
+import typer
 from rich.text import Text
 
 from accelify.transform import console as term
 from accelify.transform.convert import Result, convert
+from accelify.transform.lines import LineMap
 from accelify.transform.plan import MixedPrecision, Options, Target
 from accelify.transform.sources import (
     STDIN,
-    STDIN_NAME,
     Source,
     SourceError,
     iter_paths,
@@ -32,7 +33,9 @@ from accelify.transform.sources import (
     write_atomic,
 )
 
+PROG = "accel-convert"
 Mode = Literal["print", "output", "inplace", "diff", "check"]
+OutputFormat = Literal["text", "github"]
 
 HELP = """Rewrite plain PyTorch training scripts for an Accelerator.
 
@@ -42,12 +45,15 @@ AMP and manual gradient accumulation into Accelerator options. Code it cannot co
 left alone and reported as "needs a human" with its line.
 
 With one file and no mode, the converted source is printed (in the file's own encoding);
-several files need --inplace, --diff or --check. Folders are walked for *.py files, skipping
-hidden folders and git-ignored files. Exit status: 0 done or nothing to change, 1 --check or
---diff found changes, 2 an error (errors win).
+several files need --inplace, --diff or --check. Each PATH is a file or a folder (walked for
+*.py files, skipping hidden folders and git-ignored files); - reads standard input.
+
+Exit status: 0 done or nothing to change, 1 --check or --diff found changes, 2 an error
+(errors win).
 """
 
 EPILOG = """\
+\b
 Examples:
   accel-convert train.py > train_accel.py    print the converted script
   accel-convert train.py -o train_accel.py   write it to a new file
@@ -62,102 +68,103 @@ _LINE = re.compile(r"[^\n]*\n|[^\n]+")
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
 
 
-def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
-        return value
-
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
-    """argparse, not typer: building typer's click command costs ~80 ms of every start-up."""
-    parser = argparse.ArgumentParser(
-        prog="accel-convert",
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add = parser.add_argument
-    add("paths", nargs="+", metavar="PATH", help="Files or folders; - reads standard input.")
-    add("--inplace", "-i", action="store_true", help="Rewrite the files (atomically).")
-    add("--diff", action="store_true", help="Print a unified diff; write nothing.")
-    add("--check", action="store_true", help="Only report; exit 1 if a file would change.")
-    add("--output", "-o", metavar="OUT", help="Write the one input's result to OUT.")
-    add(
-        "--target",
-        choices=get_args(Target),
-        default="accelify",
-        help="accelify's Accelerator, or HF accelerate's (default: accelify).",
-    )
-    add(
-        "--mixed-precision",
-        choices=get_args(MixedPrecision),
-        help="Pass this precision to the Accelerator.",
-    )
-    add(
-        "--gradient-accumulation-steps",
-        type=_at_least(1),
-        metavar="N",
-        help="Accumulate gradients over N steps.",
-    )
-    add(
-        "--jobs",
-        "-j",
-        type=_at_least(0),
-        default=1,
-        metavar="N",
-        help="Convert in N processes; 0 = all cores (default: 1).",
-    )
-    add(
-        "--quiet",
-        "-q",
-        action="store_true",
-        help="Hide change lines and the summary (errors and needs-a-human stay).",
-    )
-    add("--version", action=term.VersionAction, help="Print the version and exit.")
-    return parser
-
-
-def run(argv: Sequence[str]) -> int:
-    """Convert what ``argv`` names; the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _command(  # typer passes every parameter by name
+    *,
+    # The argument's help goes in HELP: click 8.5 drops typer's help for arguments.
+    paths: Annotated[list[str], typer.Argument(metavar="PATH...", show_default=False)],
+    inplace: Annotated[
+        bool, typer.Option("--inplace", "-i", help="Rewrite the files (atomically).")
+    ] = False,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Print a unified diff; write nothing.")
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Only report; exit 1 if a file would change.")
+    ] = False,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", metavar="OUT", help="Write the one input's result to OUT."),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat,
+        typer.Option(
+            metavar="FORMAT",
+            help="With --check: text, or github (an annotation per change and per place to "
+            "finish by hand, on the pull request's diff).",
+        ),
+    ] = "text",
+    stdin_filename: Annotated[
+        str | None,
+        typer.Option(metavar="PATH", help="The name standard input is reported under."),
+    ] = None,
+    target: Annotated[
+        Target, typer.Option(help="accelify's Accelerator, or HF accelerate's.")
+    ] = "accelify",
+    mixed_precision: Annotated[
+        MixedPrecision | None,
+        typer.Option(help="Pass this precision to the Accelerator."),
+    ] = None,
+    gradient_accumulation_steps: Annotated[
+        int | None, typer.Option(min=1, metavar="N", help="Accumulate gradients over N steps.")
+    ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=0,
+            metavar="N",
+            show_default=False,
+            help="Convert in N processes; 0 = all cores (default: 1).",
+        ),
+    ] = 1,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="Hide change lines and the summary (errors and needs-a-human stay).",
+        ),
+    ] = False,
+    color: term.ColorOption = "auto",
+    version: term.VersionFlag = False,
+) -> int:
+    term.use_color(color)
+    flags = {"--inplace": inplace, "--diff": diff, "--check": check, "-o": output is not None}
     try:
-        mode = _mode(args)
+        mode = _mode(paths, [flag for flag, on in flags.items() if on], output)
     except ValueError as err:
-        parser.error(str(err))
-    options = Options(args.target, args.mixed_precision, args.gradient_accumulation_steps)
-    report = _Report(quiet=args.quiet, dry=mode in ("diff", "check"))
-    loaded = [_load(path) for path in iter_paths(args.paths)]
+        return term.usage_error(PROG, str(err))
+    if output_format == "github" and mode != "check":
+        return term.usage_error(PROG, "--output-format github goes with --check")
+    options = Options(target, mixed_precision, gradient_accumulation_steps)
+    report = _Report(quiet=quiet, mode=mode, github=output_format == "github")
+    names = list(iter_paths(paths))
+    loaded = [_load(path, stdin_filename) for path in names]
     sources = [item for item in loaded if isinstance(item, Source)]
-    results = term.parallel_map(partial(_convert_one, options=options), sources, args.jobs)
-    for item in loaded:
+    results = term.parallel_map(partial(_convert_one, options=options), sources, jobs)
+    for path, item in zip(names, loaded, strict=True):
         outcome = item if isinstance(item, SourceError) else next(results)
         if isinstance(outcome, SourceError):
             report.error(outcome)
             continue
         try:
-            _emit(mode, item, outcome, args.output)
+            written = _emit(mode, item, outcome, output, from_stdin=path == STDIN)
         except SourceError as err:
             report.error(err)
             continue
-        report.done(item.path, outcome)
+        report.done(item.path, outcome, written)
     report.summary(total=len(loaded))
     return report.exit_code()
 
 
-def _mode(args: argparse.Namespace) -> Mode:
+def run(argv: Sequence[str]) -> int:
+    """Convert what ``argv`` names; the exit status."""
+    return term.run_command(_command, argv, PROG, help=HELP, epilog=EPILOG)
+
+
+def _mode(paths: list[str], chosen: list[str], output: str | None) -> Mode:
     """The one output mode asked for; refuse to guess where many files would share stdout."""
-    paths, output = args.paths, args.output
-    flags = {"--inplace": args.inplace, "--diff": args.diff, "--check": args.check}
-    flags["-o"] = output is not None
-    chosen = [flag for flag, on in flags.items() if on]
     if len(chosen) > 1:
         raise ValueError(f"choose one of {', '.join(chosen)}")
     one_file = len(paths) == 1 and (paths[0] == STDIN or not Path(paths[0]).is_dir())
@@ -171,11 +178,15 @@ def _mode(args: argparse.Namespace) -> Mode:
     return modes.get(chosen[0], "output") if chosen else "print"
 
 
-def _load(path: str) -> Source | SourceError:
+def _load(path: str, stdin_filename: str | None) -> Source | SourceError:
+    """The source, or its one-line error; standard input under ``--stdin-filename`` if given."""
     try:
-        return read(path)
+        source = read(path)
     except SourceError as err:
+        if path == STDIN and stdin_filename:
+            return SourceError(stdin_filename, err.line, err.message)
         return err
+    return replace(source, path=stdin_filename) if path == STDIN and stdin_filename else source
 
 
 def _convert_one(source: Source, options: Options) -> Result | SourceError:
@@ -186,21 +197,27 @@ def _convert_one(source: Source, options: Options) -> Result | SourceError:
         return err
 
 
-def _emit(mode: Mode, source: Source, result: Result, output: str | None) -> None:
-    """Send one converted source where ``mode`` says; standard input always answers on stdout."""
+def _emit(
+    mode: Mode, source: Source, result: Result, output: str | None, *, from_stdin: bool
+) -> str | None:
+    """Send one converted source where ``mode`` says (standard input always answers on stdout);
+    the path written, if any."""
     if mode == "check":
-        return
+        return None
     if mode == "diff":
         _print_diff(source.text, result.code, source.path)
     elif mode == "output" and output is not None:
         write_atomic(output, source.encode(result.code))
-    elif mode == "inplace" and source.path != STDIN_NAME:
+        return output
+    elif mode == "inplace" and not from_stdin:
         if result.changed:
             write_atomic(source.path, source.encode(result.code))
+            return source.path
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(source.encode(result.code))
         sys.stdout.buffer.flush()
+    return None
 
 
 def unified_diff(before: str, after: str, path: str) -> Iterator[str]:
@@ -224,11 +241,41 @@ def _print_diff(before: str, after: str, path: str) -> None:
         out.print(Text(line.rstrip("\r\n"), style=style))
 
 
-class _Report:
-    """The per-file lines and the summary on standard error, and the exit code they add up to."""
+def github_annotations(path: str, result: Result) -> Iterator[str]:
+    """``--check --output-format github``: one warning per block of lines that would change (the
+    change as -/+ lines, with the notes about it) and one per place that needs a human."""
+    for first, last, removed, added in LineMap(result.original, result.code).hunks():
+        about = [n.message for n in result.notes if not n.manual and first <= n.line <= last]
+        change = [f"-{line}" for line in removed] + [f"+{line}" for line in added]
+        yield term.github_annotation(
+            "warning",
+            "\n".join([*about, *change]),
+            file=path,
+            line=max(min(first, last), 1),
+            endLine=max(last, first, 1),
+            title="accel-convert would change this",
+        )
+    for note in result.notes:
+        if note.manual:
+            yield term.github_annotation(
+                "warning",
+                note.message,
+                file=path,
+                line=max(note.line, 1),
+                title="accel-convert needs a human",
+            )
 
-    def __init__(self, *, quiet: bool, dry: bool) -> None:
-        self.quiet, self.dry = quiet, dry
+
+class _Report:
+    """The per-file lines and the summary on standard error, and the exit code they add up to.
+
+    Line numbers are the input's, except after a write: then they are the written file's, so
+    ``path:line`` opens the code the note is about (with the input's line where it moved).
+    """
+
+    def __init__(self, *, quiet: bool, mode: Mode, github: bool) -> None:
+        self.quiet, self.mode, self.github = quiet, mode, github
+        self.dry = mode in ("diff", "check")
         self.err = term.console(stderr=True)
         self.changed = self.manual = self.errors = 0
 
@@ -236,25 +283,45 @@ class _Report:
         self.errors += 1
         self.err.print(Text(str(err), style="red"))
 
-    def done(self, path: str, result: Result) -> None:
+    def done(self, path: str, result: Result, written: str | None) -> None:
         self.changed += result.changed
+        if self.github:
+            sys.stdout.writelines(f"{line}\n" for line in github_annotations(path, result))
+        moved = LineMap(result.original, result.code) if written and result.notes else None
         for note in result.notes:
             self.manual += note.manual
-            if note.manual or not self.quiet:
-                tag = ("needs a human: ", "yellow") if note.manual else ""
-                self.err.print(Text.assemble((f"{path}:{note.line}: ", "bold"), tag, note.message))
+            if self.quiet and not note.manual:
+                continue
+            line, was = note.line, ""
+            if moved is not None:
+                line = moved.new_line(note.line)
+                was = f" (was line {note.line})" if line != note.line else ""
+            tag = ("needs a human: ", "yellow") if note.manual else ""
+            where = (f"{written or path}:{line}: ", "bold")
+            self.err.print(Text.assemble(where, tag, note.message, was))
 
     def summary(self, total: int) -> None:
-        if self.quiet:
-            return
+        if not self.quiet:
+            self.err.print(self._counts(total) if total else "no Python files found")
+        if self.mode == "print" and total and sys.stdout.isatty():
+            self.err.print(
+                "Nothing was written: redirect the output (> new.py), or write with -o OUT "
+                "or --inplace.",
+                style="bold",
+            )
+
+    def _counts(self, total: int) -> Text:
         verb = "would be converted" if self.dry else "converted"
         unchanged = total - self.changed - self.errors
-        parts = [f"{_plural(self.changed, 'file')} {verb}", f"{unchanged} unchanged"]
+        parts: list[str | tuple[str, str]] = [
+            f"{_plural(self.changed, 'file')} {verb}",
+            f", {unchanged} unchanged",
+        ]
         if self.manual:
-            parts.append(f"{_plural(self.manual, 'place')} to finish by hand")
+            parts.append((f", {_plural(self.manual, 'place')} to finish by hand", "yellow"))
         if self.errors:
-            parts.append(_plural(self.errors, "error"))
-        self.err.print(", ".join(parts) if total else "no Python files found", style="dim")
+            parts.append((f", {_plural(self.errors, 'error')}", "red"))
+        return Text.assemble(*parts)
 
     def exit_code(self) -> int:
         if self.errors:

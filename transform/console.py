@@ -1,18 +1,21 @@
 """Terminal conventions shared by accel-convert and accel-lint.
 
 Rich styling on a terminal, plain text in a pipe (rich detects it), never wrapped lines, one
-place that knows the exit codes CI gates on, and how ``--jobs`` spreads files over processes.
+place that knows the exit codes CI gates on, how a usage mistake is reported (one line, exit 2,
+as Ruff does), the options both commands share, GitHub's annotation syntax, and how ``--jobs``
+spreads files over processes.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Annotated, Literal, TypeVar
 
+import click
+import typer
 from rich.console import Console
 
 _In = TypeVar("_In")
@@ -22,29 +25,104 @@ EXIT_OK = 0
 EXIT_FOUND = 1  # --check/--diff found changes; the linter found problems
 EXIT_ERROR = 2  # bad input or usage
 
+Color = Literal["auto", "always", "never"]
+_color: Color = "auto"
+
+
+def use_color(when: Color) -> None:
+    """``--color``: what :func:`console` does for the rest of this run."""
+    global _color  # noqa: PLW0603 - one run, one setting; every console of the run reads it
+    _color = when
+
 
 def console(stderr: bool = False) -> Console:
     """A console that styles only on a terminal and never wraps (paths must stay greppable).
 
-    ``NO_COLOR`` (any value, no-color.org) turns every escape off, bold and dim included;
-    ``FORCE_COLOR`` styles a pipe too (rich reads it)."""
-    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
-    return Console(stderr=stderr, soft_wrap=True, highlight=False, **plain)
+    ``--color never`` or ``NO_COLOR`` (any value, no-color.org) turns every escape off, bold and
+    dim included; ``--color always`` or ``FORCE_COLOR`` styles a pipe too (rich reads the
+    variable). The option wins over the variables, as in Ruff."""
+    if _color == "never" or (_color == "auto" and os.environ.get("NO_COLOR")):
+        style: dict[str, object] = {"color_system": None}
+    else:
+        style = {"force_terminal": True} if _color == "always" else {}
+    return Console(stderr=stderr, soft_wrap=True, highlight=False, **style)  # type: ignore[arg-type]
 
 
-class VersionAction(argparse.Action):
-    """``--version`` that reads the package metadata only when given, not at every start-up."""
+def _print_version(ctx: typer.Context, value: bool) -> None:
+    if value:
+        print(f"{ctx.find_root().info_name} {package_version()}")
+        raise typer.Exit(EXIT_OK)
 
-    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
-        super().__init__(option_strings, dest, nargs=0, help=help or "print the version and exit")
 
-    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
-        print(f"{parser.prog} {package_version()}")
-        parser.exit(EXIT_OK)
+VersionFlag = Annotated[
+    bool,
+    typer.Option(
+        "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+]
+ColorOption = Annotated[
+    Color,
+    typer.Option(
+        "--color",
+        metavar="WHEN",
+        help="auto (style a terminal only; NO_COLOR and FORCE_COLOR are obeyed), always, never.",
+    ),
+]
+
+
+def run_command(
+    command: Callable[..., int],
+    argv: Sequence[str],
+    prog: str,
+    *,
+    help: str,
+    epilog: str | None = None,
+    completion: bool = True,
+) -> int:
+    """Parse ``argv`` for ``command`` with typer and run it; the exit status.
+
+    typer brings ``--install-completion``/``--show-completion`` and the help. A usage mistake is
+    one ``prog: error: ...`` line and exit 2 (typer's own report is the usage text, a blank line
+    and the error); Ctrl-C exits 130 once the run has unwound (files being written left whole).
+    """
+    app = typer.Typer(
+        add_completion=completion,
+        rich_markup_mode=None,  # plain help: rich's panels re-flow the examples
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.command(help=help, epilog=epilog)(command)
+    try:
+        code = typer.main.get_command(app).main(list(argv), prog_name=prog, standalone_mode=False)
+    except click.ClickException as err:
+        return usage_error(prog, err.format_message())
+    except SystemExit as exit:  # typer's completion options and SIGTERM end by sys.exit
+        return EXIT_OK if exit.code is None else exit.code if isinstance(exit.code, int) else 1
+    return code if isinstance(code, int) else EXIT_OK
+
+
+def usage_error(prog: str, message: str) -> int:
+    """Report a mistake in the command line itself (no file to name), Ruff-style; exit 2."""
+    console(stderr=True).print(f"{prog}: error: {' '.join(message.split())}", markup=False)
+    return EXIT_ERROR
+
+
+def github_annotation(level: str, message: str, **where: object) -> str:
+    """One GitHub Actions workflow command, ``::warning file=..,line=..::message``: the runner
+    turns it into an annotation on that line of the pull request's diff."""
+    props = ",".join(f"{key}={_escape(str(value), prop=True)}" for key, value in where.items())
+    return f"::{level} {props}::{_escape(message)}"
+
+
+def _escape(value: str, prop: bool = False) -> str:
+    """Workflow-command escaping (properties also escape ``:`` and ``,``)."""
+    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return value.replace(":", "%3A").replace(",", "%2C") if prop else value
 
 
 def package_version() -> str:
-    """Only ``--version`` asks, so the metadata machinery (~25 ms) is not loaded at start-up."""
+    """Only ``--version`` and SARIF ask, so the metadata machinery (~25 ms) is not loaded at
+    start-up."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

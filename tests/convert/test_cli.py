@@ -16,7 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -78,18 +78,30 @@ class Ran:
     stderr: str
 
 
-def run(*args: str, stdin: bytes | None = None, env: dict[str, str | None] | None = None) -> Ran:
-    """The CLI in this process, with byte-level standard streams (a bug's traceback propagates)."""
+class _Terminal(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(
+    *args: str,
+    stdin: bytes | None = None,
+    env: dict[str, str | None] | None = None,
+    tty: bool = False,
+) -> Ran:
+    """The CLI in this process, with byte-level standard streams (a bug's traceback propagates);
+    ``tty``: standard output says it is a terminal."""
     out, err = io.BytesIO(), io.BytesIO()
+    stdout = (_Terminal if tty else io.TextIOWrapper)(out, encoding="utf-8", write_through=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"))
-        patch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", write_through=True))
+        patch.setattr(sys, "stdout", stdout)
         patch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="utf-8", write_through=True))
         for key, value in (env or {}).items():
             patch.setenv(key, value) if value is not None else patch.delenv(key, raising=False)
         try:
             code = cli.run(list(args))
-        except SystemExit as exit:  # argparse: usage errors, --help, --version
+        except SystemExit as exit:  # shell completion answers and exits
             code = exit.code if isinstance(exit.code, int) else 1
         sys.stdout.flush()
         sys.stderr.flush()
@@ -157,6 +169,9 @@ def test_output_writes_one_input_to_a_new_file_with_ordinary_mode(engine: list[O
         (["a.py", "--target", "tensorflow"], "--target"),
         (["a.py", "--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
         (["a.py", "--jobs", "-1"], "--jobs"),
+        (["a.py", "--bogus"], "--bogus"),
+        ([], "PATH"),
+        (["a.py", "--output-format", "github"], "--output-format github goes with --check"),
     ],
 )
 def test_usage_mistakes_exit_2_and_touch_nothing(
@@ -168,6 +183,8 @@ def test_usage_mistakes_exit_2_and_touch_nothing(
     result = run(*args)
     assert result.exit_code == 2
     assert message in result.stderr
+    assert result.stderr.startswith("accel-convert: error: ")
+    assert result.stderr.count("\n") == 1  # one line, no usage text
     assert result.stdout == ""
     assert not engine  # refused before converting anything
     assert not Path("out.py").exists()
@@ -180,6 +197,114 @@ def test_options_reach_the_engine(engine: list[Options]) -> None:
     assert run("a.py", *args, "--gradient-accumulation-steps", "4").exit_code == 0
     assert run("a.py").exit_code == 0
     assert engine == [Options("accelerate", "bf16", 4), Options()]
+
+
+# --- what the report says: on a terminal, after writing, for GitHub -------------------------
+
+
+def test_printing_to_a_terminal_says_nothing_was_written(engine: list[Options]) -> None:
+    write("train.py", SCRIPT)
+    shown = run("train.py", tty=True)
+    assert shown.stdout == SCRIPT.replace(BEFORE, AFTER)
+    assert shown.stderr.splitlines()[-1].startswith("Nothing was written: ")
+    assert "-o OUT or --inplace" in shown.stderr
+    assert "Nothing was written" not in run("train.py").stderr  # a redirect is the writing
+
+
+def test_summary_is_not_dim_and_the_places_to_finish_stand_out(engine: list[Options]) -> None:
+    write("train.py", SCRIPT + MANUAL + "\n")
+    styled = run("--check", "train.py", env={"FORCE_COLOR": "1", "NO_COLOR": None})
+    summary = styled.stderr.splitlines()[-1]
+    assert "1 place to finish by hand" in summary
+    assert "\x1b[2m" not in styled.stderr  # dim
+    assert "\x1b[33m" in summary  # yellow
+
+
+def _shifting_engine(source: str, options: Options | None = None, path: str = "<string>") -> Result:
+    """The stand-in engine plus two lines inserted at the top, so every later line moves."""
+    result = fake_convert(source, options, path)
+    return replace(result, code=f"import accelify\n# converted\n{result.code}")
+
+
+@pytest.mark.parametrize(
+    ("args", "written"),
+    [(["--inplace", "train.py"], "train.py"), (["train.py", "-o", "out/train.py"], "out/train.py")],
+)
+def test_after_writing_report_lines_point_into_the_written_file(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], written: str
+) -> None:
+    monkeypatch.setattr(cli, "convert", _shifting_engine)
+    write("out/.keep", "")
+    write("train.py", SCRIPT + MANUAL + "\n")
+    result = run(*args)
+    lines = Path(written).read_text().splitlines()
+    reported = [
+        re.fullmatch(rf"{re.escape(written)}:(\d+): (.*) \(was line (\d+)\)", line)
+        for line in result.stderr.splitlines()[:-1]
+    ]
+    assert all(reported), result.stderr
+    where = {match[2]: (int(match[1]), int(match[3])) for match in reported if match}
+    assert where == {f"swapped {BEFORE}": (8, 6), "needs a human: all_reduce": (10, 8)}
+    assert lines[8 - 1] == f"    {AFTER}"  # the printed line holds the code the note is about
+    assert lines[10 - 1] == MANUAL
+
+
+def test_real_conversion_reports_the_written_lines_of_its_rewrites() -> None:
+    """Notes of the form ``old -> new`` name the code the written line must hold."""
+    write("mnist.py", (CASES_DIR / "mnist.in.py").read_text())
+    result = run("--inplace", "mnist.py")
+    lines = Path("mnist.py").read_text().splitlines()
+    rewrites = [
+        re.fullmatch(r"mnist\.py:(\d+): \S+ -> (\S+?)(?: \(.*)?", line)
+        for line in result.stderr.splitlines()
+    ]
+    found = [(int(m[1]), m[2]) for m in rewrites if m]
+    assert len(found) >= 3
+    for number, code in found:
+        assert code in lines[number - 1], (number, code)
+    assert "(was line " in result.stderr  # the file grew: some notes moved
+
+
+def test_check_with_github_output_annotates_changes_and_needs_a_human(
+    engine: list[Options],
+) -> None:
+    write("a.py", SCRIPT + MANUAL + "\n")
+    write("b.py", UNCHANGED)
+    result = run("--check", "--output-format", "github", "a.py", "b.py")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        "::warning file=a.py,line=6,endLine=6,title=accel-convert would change this::"
+        f"swapped {BEFORE}%0A-    {BEFORE}%0A+    {AFTER}",
+        "::warning file=a.py,line=8,title=accel-convert needs a human::all_reduce",
+    ]
+    assert "1 file would be converted" in result.stderr
+
+
+def test_stdin_filename_names_standard_input_in_the_report(engine: list[Options]) -> None:
+    result = run("-", "--stdin-filename", "train.py", stdin=SCRIPT.encode())
+    assert result.stdout == SCRIPT.replace(BEFORE, AFTER)
+    assert f"train.py:6: swapped {BEFORE}" in result.stderr
+    broken = run("-", "--stdin-filename", "train.py", stdin=b"x = (\n")
+    assert broken.exit_code == 2
+    assert broken.stderr.startswith("train.py:1: syntax error")
+    assert not Path("train.py").exists()  # a name for the report, not a file to write
+
+
+def test_color_option_beats_the_environment(engine: list[Options]) -> None:
+    write("a.py", SCRIPT)
+    never = run("--diff", "--color", "never", "a.py", env={"FORCE_COLOR": "1", "NO_COLOR": None})
+    assert "\x1b[" not in never.stdout + never.stderr
+    always = run("--diff", "--color", "always", "a.py", env={"NO_COLOR": "1", "FORCE_COLOR": None})
+    assert "\x1b[" in always.stdout
+
+
+def test_shell_completion_is_offered_and_answers() -> None:
+    script = run("--show-completion", "bash")
+    assert script.exit_code == 0
+    assert "_ACCEL_CONVERT_COMPLETE=complete_bash" in script.stdout
+    env = {"_ACCEL_CONVERT_COMPLETE": "complete_bash", "COMP_WORDS": "accel-convert --ta"}
+    answer = run(env={**env, "COMP_CWORD": "1"})
+    assert answer.stdout.split() == ["--target"]
 
 
 # --- --inplace, --check, --diff ----------------------------------------------------------------

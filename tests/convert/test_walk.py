@@ -9,7 +9,7 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from accelify.transform.lines import start_lines
+from accelify.transform.lines import LineMap, start_lines
 from accelify.transform.walk import children, walk
 
 FIXTURES = sorted((Path(__file__).parents[2] / "fixtures").rglob("*.py"))
@@ -117,3 +117,29 @@ def test_lines_count_every_newline_style() -> None:
         module = cst.parse_module(source.replace("\n", newline))
         positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
         assert {id(n): r.start.line for n, r in positions.items()} == start_lines(module)
+
+
+def test_line_map_follows_moved_rewritten_and_removed_lines() -> None:
+    before = (
+        "import torch\nmodel = Net().to(device)\nfor x in loader:\n    loss.backward()\nend()\n"
+    )
+    after = (
+        "import torch\nfrom accelify.runtime import Accelerator\n"  # inserted: 1 line down
+        "accelerator = Accelerator()\nmodel = Net()\n"  # rewritten, after an inserted line
+        "for x in loader:\n    accelerator.backward(loss)\nend()\n"
+    )
+    moved = LineMap(before, after)
+    got = [moved.new_line(line) for line in range(1, 6)]
+    assert got == [1, 4, 5, 6, 7]  # model's line maps to its rewrite, not the inserted line
+    removed = LineMap("a = 1\nmodel.to(device)\nb = 2\n", "a = 1\nb = 2\n")
+    assert removed.new_line(2) == 2  # gone: the line that now stands where it stood
+    assert removed.hunks() == [(2, 2, ["model.to(device)"], [])]
+
+
+def test_line_map_counts_lines_as_libcst_does() -> None:
+    """CRLF, CR and LF end a line; a form feed does not (str.splitlines would split there)."""
+    before = "a = 1\r\nb = 2\x0c\rc = 3\nd = 4\n"
+    after = "x = 0\n" + before
+    assert [LineMap(before, after).new_line(line) for line in (1, 2, 3, 4)] == [2, 3, 4, 5]
+    module = cst.parse_module(before)
+    assert start_lines(module)[id(module.body[3])] == 4

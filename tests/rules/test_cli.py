@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from accelify.transform.console import package_version
 
 from .conftest import FIXTURES
 
@@ -45,7 +48,7 @@ def test_select_and_ignore_by_code_prefix_and_name(lint_cli, buggy: Path) -> Non
     assert codes(lint_cli(str(buggy), "--select", "ACL1").out) == ["ACL103"]
     assert codes(lint_cli(str(buggy), "--ignore", "backward-bypass").out) == ["ACL103"]
     bad = lint_cli(str(buggy), "--select", "ACL9")
-    assert bad.code == 2 and bad.err.strip() == "accel-lint:0: unknown rule selector 'ACL9'"
+    assert bad.code == 2 and bad.err == "accel-lint: error: unknown rule selector 'ACL9'\n"
 
 
 def test_off_by_default_rules_need_selecting(lint_cli, tmp_path: Path) -> None:
@@ -140,10 +143,9 @@ def test_rule_docs_and_version(lint_cli) -> None:
     assert "## Use instead" in doc.out
     every = lint_cli("rule", "--all")
     assert every.out.count("\n# ACL") + every.out.startswith("# ACL") >= 15
-    assert lint_cli("rule", "ACL999").code == 2
-    with pytest.raises(SystemExit) as exit_info:
-        lint_cli("--version")
-    assert exit_info.value.code == 0
+    unknown = lint_cli("rule", "ACL999")
+    assert unknown.code == 2 and unknown.err.count("\n") == 1
+    assert lint_cli("--version").out == f"accel-lint {package_version()}\n"
 
 
 def test_console_script_runs_without_importing_torch(buggy: Path) -> None:
@@ -169,3 +171,44 @@ def test_ruff_habits_check_statistics_and_output_file(lint_cli, buggy: Path) -> 
     written = lint_cli(str(buggy), "--output-format", "json", "--output-file", str(report))
     assert written.code == 1 and written.out == ""
     assert [f["code"] for f in json.loads(report.read_text())] == ["ACL201", "ACL103"]
+
+
+def test_show_fixes_lists_what_fix_applied(lint_cli, buggy: Path) -> None:
+    result = lint_cli(str(buggy), "--fix", "--show-fixes")
+    assert result.out.splitlines()[-4:-1] == [
+        "Fixed 1 problem:",
+        f"- {buggy}:",
+        "    1 x ACL201 (backward-bypass)",
+    ]
+
+
+def test_stdin_filename_names_the_input_and_picks_its_settings(
+    lint_cli, buggy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (buggy.parent / "pyproject.toml").write_text(
+        '[tool.accelify.lint.per-file-ignores]\n"sub/*.py" = ["ACL103"]\n'
+    )
+    monkeypatch.chdir(buggy.parent)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BUGGY.encode())))
+    result = lint_cli("-", "--stdin-filename", f"{buggy.parent}/sub/train.py")
+    assert codes(result.out) == ["ACL201"]  # ACL103 ignored for that name
+    assert f"{buggy.parent}/sub/train.py:5:1: ACL201" in result.out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"import torch\nx = (\n")))
+    broken = lint_cli("-", "--stdin-filename", "t.py")
+    assert (broken.code, broken.err) == (2, "t.py:2: syntax error: '(' was never closed\n")
+
+
+def test_usage_mistakes_are_one_line_and_exit_2(lint_cli, buggy: Path) -> None:
+    for argv in (["--bogus"], ["--output-format", "xml"], ["--jobs", "x"]):
+        result = lint_cli(*argv, str(buggy))
+        assert result.code == 2
+        assert result.err.startswith("accel-lint: error: ") and result.err.count("\n") == 1
+        assert result.out == ""
+
+
+def test_color_option_and_shell_completion(lint_cli, buggy: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert "\x1b[" in lint_cli(str(buggy)).out
+    assert "\x1b[" not in lint_cli(str(buggy), "--color", "never").out
+    script = lint_cli("--show-completion", "bash")
+    assert "_ACCEL_LINT_COMPLETE=complete_bash" in script.out
