@@ -7,15 +7,15 @@ and checkpoints (``checkpoint.py``) each live in their own module; this class on
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-import functools
 import gc
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+from torch.distributed.algorithms import Join
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
@@ -24,34 +24,38 @@ from .deepspeed_placeholders import DummyOptim, DummyScheduler
 from .optim import PreparedOptimizer, PreparedScheduler
 from .state import DistributedType, ProcessState, StepState
 
+_DDP_KINDS = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)  # what strategies.DDP runs
+
 
 class Accelerator:
     """Prepare a training loop's objects and run it on one or many processes."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (HF Accelerate's signature, positional args included)
         self,
         device_placement: bool = True,
-        split_batches: bool = False,
+        split_batches: bool | None = None,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
+        dataloader_config: config.DataLoaderConfiguration | None = None,
         *,
-        even_batches: bool = True,
+        even_batches: bool | None = None,
         project_dir: str | None = None,
         project_config: config.ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: config.GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Sequence[Any] | None = None,
     ) -> None:
-        self.state: ProcessState = state.process_state(config.use_cpu(cpu))
+        options = handlers.collect(kwargs_handlers)
+        self.state: ProcessState = state.process_state(config.use_cpu(cpu), options["init"])
         self.mixed_precision = config.mixed_precision(mixed_precision)
-        self.gradient_accumulation_steps = config.accumulation_steps(gradient_accumulation_steps)
+        self.dataloader_config = _loader_config(dataloader_config, split_batches, even_batches)
+        self._shared = _step_state(gradient_accumulation_plugin, gradient_accumulation_steps)
         self.device_placement = device_placement
-        self.split_batches, self.even_batches = split_batches, even_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_configuration = project_config or config.ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
-        options = handlers.collect(kwargs_handlers)
         self.strategy = strategies.select(self.state, **options["ddp"])
         self.precision = precision.select(
             "no" if self.strategy.owns_precision else self.mixed_precision,
@@ -60,7 +64,7 @@ class Accelerator:
             scaler_kwargs=options["scaler"],
         )
         self.step = 0
-        self._shared = StepState()
+        self.flag_tensor: torch.Tensor | None = None
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -99,7 +103,7 @@ class Accelerator:
 
     @property
     def is_last_process(self) -> bool:
-        return self.state.process_index == self.state.num_processes - 1
+        return self.state.is_last_process
 
     @property
     def use_distributed(self) -> bool:
@@ -114,6 +118,26 @@ class Accelerator:
         return self.project_configuration.iteration
 
     @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._shared.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self._shared.num_steps = value
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
     def sync_gradients(self) -> bool:
         return self._shared.sync_gradients
 
@@ -123,7 +147,7 @@ class Accelerator:
 
     @property
     def gradient_state(self) -> StepState:
-        """``sync_gradients``, ``end_of_dataloader`` and ``remainder``, as in HF Accelerate."""
+        """``sync_gradients``, ``end_of_dataloader``, ``active_dataloader``, ... (HF's names)."""
         return self._shared
 
     @property
@@ -195,6 +219,7 @@ class Accelerator:
     def prepare_data_loader(
         self, loader: DataLoader, device_placement: bool | None = None
     ) -> data.PreparedDataLoader:
+        config.check_loader_config(self.dataloader_config)
         prepared = data.prepare_loader(
             loader,
             self.state,
@@ -202,6 +227,9 @@ class Accelerator:
             split_batches=self.split_batches,
             even_batches=self.even_batches,
             device_placement=_default(device_placement, self.device_placement),
+            non_blocking=self.dataloader_config.non_blocking,
+            seedable_sampler=self.dataloader_config.use_seedable_sampler,
+            data_seed=self.dataloader_config.data_seed,
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -239,9 +267,11 @@ class Accelerator:
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
-        """Count a step; skip gradient sync unless it is every N-th or the loader's last."""
+        """Count a step; skip gradient sync unless it is every N-th or the loader's last
+        (``sync_each_batch``: sync every batch, still step every N-th)."""
         self._do_sync()
-        if self._shared.sync_gradients or not self.state.use_distributed:
+        shared = self._shared
+        if shared.sync_gradients or shared.sync_each_batch or not self.state.use_distributed:
             yield
             return
         with contextlib.ExitStack() as stack:
@@ -251,16 +281,55 @@ class Accelerator:
 
     def _do_sync(self) -> None:
         shared = self._shared
-        if shared.end_of_dataloader:
+        if shared.sync_with_dataloader and shared.end_of_dataloader:
             self.step = 0
             shared.sync_gradients = True
         else:
             self.step += 1
-            shared.sync_gradients = self.step % self.gradient_accumulation_steps == 0
+            shared.sync_gradients = self.step % shared.num_steps == 0
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Run forward and backward without the gradient all-reduce (accumulate locally)."""
         return self.strategy.no_sync(model)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward all-reduce even inside ``no_sync`` (DDP models; else no-op)."""
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let DDP processes with fewer batches join early (``torch.distributed.algorithms.Join``).
+
+        Unlike HF Accelerate, which joins only on GPUs (on CPU its processes then wait on each
+        other forever), every DDP run joins, gloo included. ``even_batches`` overrides the
+        prepared map-style loaders' setting inside the block.
+        """
+        if self.state.use_distributed and self.distributed_type in _DDP_KINDS:
+            with data.even_batches_overridden(self._dataloaders, even_batches):
+                enable = not _default(even_batches, self.even_batches)
+                with Join(list(joinables), enable=enable, throw_on_early_termination=False):
+                    yield
+            return
+        if self.distributed_type != DistributedType.NO:
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU and multi-CPU DDP "
+                "training, as a result `join_uneven_inputs` will have no effect.",
+                stacklevel=3,
+            )
+        yield
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
         """The mixed-precision autocast context (a no-op without mixed precision).
@@ -306,7 +375,9 @@ class Accelerator:
         return ops.apply(lambda tensor: tensor[:remainder], gathered)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return ops.reduce(tensor, reduction, scale)
+        """Sum, average, max or min over processes. ``scale`` is accepted and ignored, as HF
+        Accelerate ignores it everywhere but on TPUs."""
+        return ops.reduce(tensor, reduction)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
@@ -317,50 +388,58 @@ class Accelerator:
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""
-        if self.is_local_main_process:
-            builtins.print(*args, **kwargs)
+        self.state.print(*args, **kwargs)
 
     def wait_for_everyone(self) -> None:
         self.strategy.barrier()
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Let the main process run the block (e.g. download, cache) before the others."""
-        with self._first(self.is_main_process):
-            yield
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        with self._first(self.is_local_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, leader: bool) -> Iterator[None]:
-        if not leader:
-            self.wait_for_everyone()
-        yield
-        if leader:
-            self.wait_for_everyone()
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
 
     def on_main_process(self, function: Callable) -> Callable:
         """Decorator: run ``function`` on the main process only (others get ``None``)."""
-        return self._only_if(self.is_main_process, function)
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable) -> Callable:
-        return self._only_if(self.is_local_main_process, function)
+        return self.state.on_local_main_process(function)
 
-    @staticmethod
-    def _only_if(condition: bool, function: Callable) -> Callable:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if condition else None
+    def on_last_process(self, function: Callable) -> Callable:
+        return self.state.on_last_process(function)
 
-        return wrapper
+    def on_process(
+        self, function: Callable | None = None, process_index: int | None = None
+    ) -> Callable:
+        """Decorator: run on process ``process_index`` only; ``@on_process(process_index=i)``."""
+        return self.state.on_process(function, process_index)
 
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
+        return self.state.on_local_process(function, local_process_index)
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
         """Yield this process's contiguous share of ``inputs`` (list, tuple, dict or tensor)."""
-        yield ops.split(inputs, self.num_processes, self.process_index, apply_padding)
+        return self.state.split_between_processes(inputs, apply_padding)
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; ``check_trigger`` on every process then returns True once
+        (e.g. to stop all processes when one sees a NaN loss)."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (a collective)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        raised = ops.reduce(self.flag_tensor, "sum").item() >= 1
+        if raised:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        return raised
 
     # -- models and checkpoints ----------------------------------------------------------------
 
@@ -474,6 +553,35 @@ class Accelerator:
         return [None] * len(objects)
 
     clear = free_memory
+
+
+def _loader_config(
+    given: config.DataLoaderConfiguration | None, split_batches: bool | None, even: bool | None
+) -> config.DataLoaderConfiguration:
+    """The ``dataloader_config``, or one built from the older ``split_batches``/``even_batches``
+    arguments; giving both ways is refused rather than guessing which one wins."""
+    if given is None:
+        return config.DataLoaderConfiguration(
+            split_batches=bool(split_batches), even_batches=_default(even, True)
+        )
+    if split_batches is not None or even is not None:
+        raise ValueError("pass split_batches/even_batches inside dataloader_config, not next to it")
+    return given
+
+
+def _step_state(plugin: config.GradientAccumulationPlugin | None, steps: int) -> StepState:
+    """Accumulation options from the plugin, else from ``gradient_accumulation_steps``."""
+    if plugin is None:
+        return StepState(num_steps=config.accumulation_steps(steps))
+    if steps != 1:
+        raise ValueError(
+            "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both"
+        )
+    return StepState(
+        num_steps=config.accumulation_steps(plugin.num_steps or 1),
+        sync_with_dataloader=plugin.sync_with_dataloader,
+        sync_each_batch=plugin.sync_each_batch,
+    )
 
 
 def _has_state(obj: Any) -> bool:

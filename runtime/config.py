@@ -35,6 +35,52 @@ class ProjectConfiguration:
             self.logging_dir = self.project_dir
 
 
+@dataclass
+class DataLoaderConfiguration:
+    """How ``prepare`` shards data loaders (HF Accelerate's fields and defaults).
+
+    Read at ``prepare`` time, so assigning ``accelerator.dataloader_config`` affects the loaders
+    prepared afterwards. Options accelify does not implement are refused there, not ignored
+    (:func:`check_loader_config`).
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class GradientAccumulationPlugin:
+    """Gradient accumulation options (HF Accelerate's fields and defaults).
+
+    ``adjust_scheduler`` is accepted and, as in HF Accelerate 1.15, has no effect: HF passes on
+    only the fields that differ from their defaults, so its default ``True`` never arrives.
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+def check_loader_config(chosen: DataLoaderConfiguration) -> None:
+    """Refuse the options accelify does not implement (works on HF's class too)."""
+    unsupported = {
+        "dispatch_batches=True": chosen.dispatch_batches,
+        "use_stateful_dataloader=True": chosen.use_stateful_dataloader,
+    }
+    named = [name for name, used in unsupported.items() if used]
+    if named:
+        raise ValueError(
+            f"DataLoaderConfiguration({', '.join(named)}) is not supported by accelify; "
+            "leave it at its default"
+        )
+
+
 def env_flag(name: str, default: bool = False) -> bool:
     value = os.environ.get(name, "").strip().lower()
     if not value:

@@ -8,14 +8,27 @@ generator stood when the epoch began, which is what a checkpoint needs to replay
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+)
 
 from . import ops
-from .sharding import IterableDatasetShard, ShardedBatchSampler, SkipBatchSampler
+from .sharding import (
+    EpochSeededSampler,
+    IterableDatasetShard,
+    ShardedBatchSampler,
+    SkipBatchSampler,
+)
 from .state import ProcessState, StepState
 
 # DataLoader arguments carried over to the rebuilt loader (those that exist in this torch).
@@ -84,11 +97,18 @@ class PreparedDataLoader(DataLoader):
         remainder: int,
         total_batch_size: int | None,
         loader_args: dict[str, Any],
+        fetch_whole_batches: bool = False,
+        non_blocking: bool = False,
     ) -> None:
         if batch_sampler is None:  # iterable dataset: batching stays with DataLoader
             super().__init__(dataset, **loader_args)
+        elif fetch_whole_batches:  # the script's sampler yields index lists: dataset[indices]
+            super().__init__(dataset, sampler=batch_sampler, batch_size=None, **loader_args)
         else:
             super().__init__(dataset, batch_sampler=batch_sampler, **loader_args)
+        self.index_batches = batch_sampler
+        self.fetch_whole_batches = fetch_whole_batches
+        self.non_blocking = non_blocking
         self.device = device
         self.remainder = remainder
         self.total_batch_size = total_batch_size
@@ -104,7 +124,7 @@ class PreparedDataLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Forwarded to the sampler and dataset; epoch-seeded samplers reshuffle from it."""
         self._position.iteration = epoch
-        for owner in (getattr(self.batch_sampler, "sampler", None), self.dataset):
+        for owner in (getattr(self.index_batches, "sampler", None), self.dataset):
             if hasattr(owner, "set_epoch"):
                 owner.set_epoch(epoch)
 
@@ -133,30 +153,32 @@ class PreparedDataLoader(DataLoader):
             shared.remainder = outer.remainder if outer is not None else -1
 
     def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
-        device = self.device
+        device, non_blocking = self.device, self.non_blocking
         try:
             current = next(batches)
         except StopIteration:
             return
         for upcoming in batches:
-            yield current if device is None else send_to_device(current, device)
+            yield current if device is None else send_to_device(current, device, non_blocking)
             current = upcoming
         self.end_of_dataloader = self._step_state.end_of_dataloader = True
-        yield current if device is None else send_to_device(current, device)
+        yield current if device is None else send_to_device(current, device, non_blocking)
 
     def skipping(self, num_batches: int) -> PreparedDataLoader:
         """The same loader without its first ``num_batches`` batches (sharing the position)."""
-        if self.batch_sampler is None or isinstance(self.dataset, IterableDataset):
+        if self.index_batches is None or isinstance(self.dataset, IterableDataset):
             raise ValueError("skip_first_batches needs a map-style dataset with a batch sampler")
         return PreparedDataLoader(
             self.dataset,
-            batch_sampler=SkipBatchSampler(self.batch_sampler, num_batches),
+            batch_sampler=SkipBatchSampler(self.index_batches, num_batches),
             device=self.device,
             step_state=self._step_state,
             position=self._position,
             remainder=self.remainder,
             total_batch_size=self.total_batch_size,
             loader_args=self._loader_args,
+            fetch_whole_batches=self.fetch_whole_batches,
+            non_blocking=self.non_blocking,
         )
 
 
@@ -168,11 +190,25 @@ def prepare_loader(
     split_batches: bool,
     even_batches: bool,
     device_placement: bool = True,
+    non_blocking: bool = False,
+    seedable_sampler: bool = False,
+    data_seed: int | None = None,
 ) -> PreparedDataLoader:
-    """Rebuild ``loader`` over this process's share of the batches."""
+    """Rebuild ``loader`` over this process's share of the batches.
+
+    A ``BatchSampler`` given as ``sampler`` (with ``batch_size=None``) is sharded like a batch
+    sampler; its index lists still reach the dataset whole, as the script had it. With
+    ``seedable_sampler`` a shuffling sampler is replaced by one seeded with ``data_seed`` (else
+    torch's initial seed) plus the epoch.
+    """
     args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     n, rank = state.num_processes, state.process_index
     dataset, batch_sampler = loader.dataset, loader.batch_sampler
+    fetch_whole = batch_sampler is None and isinstance(loader.sampler, BatchSampler)
+    if fetch_whole:
+        batch_sampler = loader.sampler
+    if seedable_sampler:
+        batch_sampler = _epoch_seeded(batch_sampler, data_seed, state.device)
     batch_size = getattr(batch_sampler, "batch_size", None) or loader.batch_size
     if isinstance(dataset, IterableDataset):
         batch_sampler = None
@@ -211,7 +247,51 @@ def prepare_loader(
         remainder=_remainder(loader, total),
         total_batch_size=total,
         loader_args=args,
+        fetch_whole_batches=fetch_whole,
+        non_blocking=non_blocking,
     )
+
+
+@contextlib.contextmanager
+def even_batches_overridden(
+    loaders: Sequence[PreparedDataLoader], even_batches: bool | None
+) -> Iterator[None]:
+    """Set ``even_batches`` on the prepared map-style loaders for the block, then restore it.
+
+    Iterable-dataset loaders cannot change it (each process reads its own stream); they get a
+    warning, as in HF Accelerate.
+    """
+    if even_batches is None:
+        yield
+        return
+    streams = [loader for loader in loaders if isinstance(loader.dataset, IterableDataset)]
+    samplers = [loader.index_batches for loader in loaders if loader not in streams]
+    sharded = [sampler for sampler in samplers if hasattr(sampler, "even_batches")]
+    if streams:
+        warnings.warn(
+            "Overriding even_batches is only supported for map-style datasets, yet some "
+            "dataloaders given were iterable",
+            stacklevel=4,
+        )
+    saved = [sampler.even_batches for sampler in sharded]
+    for sampler in sharded:
+        sampler.even_batches = even_batches
+    try:
+        yield
+    finally:
+        for sampler, value in zip(sharded, saved, strict=True):
+            sampler.even_batches = value
+
+
+def _epoch_seeded(batch_sampler: Any, data_seed: int | None, device: torch.device) -> Any:
+    """``batch_sampler`` rebuilt over an :class:`EpochSeededSampler` when it shuffles with a
+    plain ``RandomSampler`` (others are kept); rank 0's seed is used everywhere."""
+    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
+        return batch_sampler
+    seed = data_seed if data_seed is not None else torch.initial_seed() % 2**63
+    seed = int(ops.broadcast(torch.tensor(seed, device=device)).item())
+    sampler = EpochSeededSampler(batch_sampler.sampler, seed)
+    return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
 
 
 def _share_sampler_generator(batch_sampler: Any, device: torch.device) -> None:
@@ -241,12 +321,12 @@ def _remainder(loader: DataLoader, total_batch_size: int | None) -> int:
         return -1
 
 
-def skip_first_batches(loader: DataLoader, num_batches: int = 0) -> DataLoader:
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader that starts ``num_batches`` batches in (to resume inside an epoch)."""
-    if isinstance(loader, PreparedDataLoader):
-        return loader.skipping(num_batches)
-    if loader.batch_sampler is None:
+    if isinstance(dataloader, PreparedDataLoader):
+        return dataloader.skipping(num_batches)
+    if dataloader.batch_sampler is None:
         raise ValueError("skip_first_batches needs a DataLoader with a batch sampler")
-    args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
-    sampler = SkipBatchSampler(loader.batch_sampler, num_batches)
-    return DataLoader(loader.dataset, batch_sampler=sampler, **args)
+    args = {name: getattr(dataloader, name) for name in _LOADER_ARGS if hasattr(dataloader, name)}
+    sampler = SkipBatchSampler(dataloader.batch_sampler, num_batches)
+    return DataLoader(dataloader.dataset, batch_sampler=sampler, **args)

@@ -1,5 +1,5 @@
-"""``kwargs_handlers``: the small dataclasses that pass options through to DDP, GradScaler and
-autocast, with HF Accelerate's names and defaults.
+"""``kwargs_handlers``: the small dataclasses that pass options through to DDP, GradScaler,
+autocast and ``init_process_group``, with HF Accelerate's names and defaults.
 
 Handlers are recognised by class name, so HF Accelerate's own handler objects work too.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 
@@ -49,16 +50,27 @@ class AutocastKwargs(KwargsHandler):
     cache_enabled: bool | None = None
 
 
+@dataclasses.dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Only what differs from the defaults reaches ``init_process_group`` (as in HF), so the
+    default ``backend`` leaves the choice to the runtime (gloo on CPU, nccl on CUDA)."""
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: timedelta | None = None
+
+
 _KINDS = {
     "DistributedDataParallelKwargs": ("ddp", DistributedDataParallelKwargs),
     "GradScalerKwargs": ("scaler", GradScalerKwargs),
     "AutocastKwargs": ("autocast", AutocastKwargs),
+    "InitProcessGroupKwargs": ("init", InitProcessGroupKwargs),
 }
 
 
 def collect(handlers: Iterable[Any] | None) -> dict[str, dict[str, Any]]:
-    """``{"ddp": ..., "scaler": ..., "autocast": ...}`` keyword arguments from the handlers."""
-    found: dict[str, dict[str, Any]] = {"ddp": {}, "scaler": {}, "autocast": {}}
+    """``{"ddp": ..., "scaler": ..., "autocast": ..., "init": ...}`` keyword arguments."""
+    found: dict[str, dict[str, Any]] = {kind: {} for kind, _ in _KINDS.values()}
     seen: set[str] = set()
     for handler in handlers or ():
         name = type(handler).__name__

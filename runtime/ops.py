@@ -1,7 +1,10 @@
 """Collectives over nested data (tensors inside lists, tuples, mappings, dataclasses).
 
+``gather``, ``gather_object``, ``broadcast``, ``pad_across_processes`` and ``reduce`` are also
+public (``accelify.runtime``), as HF Accelerate's ``accelerate.utils`` functions of those names.
+
 Each op is a thin walk over the structure around one torch.distributed call; on a single process
-they return their input (``reduce`` still applies ``scale``) and never touch torch.distributed.
+they return their input (``reduce`` a copy) and never touch torch.distributed.
 """
 
 from __future__ import annotations
@@ -68,16 +71,28 @@ def gather_object(obj: Any) -> list:
     return [item for part in parts for item in (part if isinstance(part, list) else [part])]
 
 
-def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sum (or average) tensors over processes; ``reduction="none"`` only scales."""
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', not {reduction!r}")
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,  # then divided by the number of processes
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+
+
+def reduce(data: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Average, sum, max or min tensors over processes (copies); ``"none"`` only copies.
+
+    HF Accelerate's ``accelerate.utils.reduce``: ``mean`` by default, and ``scale`` accepted but
+    ignored (HF applies it on TPUs only).
+    """
+    if reduction not in (*_REDUCE_OPS, "none"):
+        raise ValueError(f"reduction must be one of {[*_REDUCE_OPS, 'none']}, not {reduction!r}")
     distributed = is_distributed() and reduction != "none"
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.clone() if scale == 1.0 else tensor * scale
+        out = tensor.clone()
         if distributed:
-            dist.all_reduce(out, dist.ReduceOp.SUM)
+            dist.all_reduce(out, _REDUCE_OPS[reduction])
             if reduction == "mean":
                 out /= dist.get_world_size()
         return out

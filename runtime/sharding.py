@@ -12,7 +12,8 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torch.utils.data import BatchSampler, IterableDataset
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
 
 class ShardedBatchSampler(BatchSampler):
@@ -164,3 +165,24 @@ class IterableDatasetShard(IterableDataset):
             filler = itertools.cycle(first or list(chunk))
             chunk += [next(filler) for _ in range(self.round_size - len(chunk))]
             yield from chunk[self.window]
+
+
+class EpochSeededSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``seed + epoch`` (HF Accelerate's
+    ``use_seedable_sampler``): re-seeding and ``set_epoch(e)`` replay epoch ``e`` exactly."""
+
+    def __init__(self, sampler: RandomSampler, seed: int) -> None:
+        super().__init__(
+            sampler.data_source,
+            replacement=sampler.replacement,
+            num_samples=sampler._num_samples,
+            generator=torch.Generator(),
+        )
+        self.initial_seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()

@@ -9,24 +9,41 @@ host without ``cpu=True``; here that case initialises gloo instead.
 from __future__ import annotations
 
 import atexit
+import builtins
+import contextlib
+import functools
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from . import ops
+
 
 class DistributedType(str, Enum):
-    """The same names and values as HF Accelerate's enum, so scripts can compare either."""
+    """HF Accelerate's enum, every member: scripts compare against kinds accelify never runs
+    (``== DistributedType.XLA``), and the values equal HF's so either enum compares equal."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 # The launcher's switches for a sharded backend (HF Accelerate's names); at most one may be set.
@@ -36,9 +53,12 @@ SHARDED_BACKENDS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProcessState:
-    """The immutable facts about this process, shared by every ``Accelerator`` in it."""
+    """The facts about this process, shared by every ``Accelerator`` in it (``accelerator.state``).
+
+    Not frozen: HF scripts set ``accelerator.state.distributed_type`` to try another code path.
+    """
 
     num_processes: int
     process_index: int
@@ -56,22 +76,145 @@ class ProcessState:
         return self.local_process_index == 0
 
     @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
     def use_distributed(self) -> bool:
         """More than one process, or a sharded backend (it runs a process group even on one)."""
         return self.num_processes > 1 or self.distributed_type in SHARDED_BACKENDS.values()
 
+    def wait_for_everyone(self) -> None:
+        if self.use_distributed and dist.is_initialized():
+            dist.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            builtins.print(*args, **kwargs)
+
+    def destroy_process_group(self) -> None:
+        """HF's name for :func:`reset` (the next ``Accelerator`` starts afresh)."""
+        reset()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Let the main process run the block (e.g. download, cache) before the others."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: Callable) -> Callable:
+        """Decorator: run ``function`` on the main process only (others get ``None``)."""
+        return _only_if(self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return _only_if(self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return _only_if(self.is_last_process, function)
+
+    def on_process(
+        self, function: Callable | None = None, process_index: int | None = None
+    ) -> Callable:
+        """Decorator: run on process ``process_index`` only; ``@on_process(process_index=i)``."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return _only_if(self.process_index == process_index, function)
+
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return _only_if(self.local_process_index == local_process_index, function)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's contiguous share of ``inputs`` (list, tuple, dict or tensor)."""
+        yield ops.split(inputs, self.num_processes, self.process_index, apply_padding)
+
+
+def _only_if(condition: bool, function: Callable) -> Callable:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs) if condition else None
+
+    return wrapper
+
 
 @dataclass
 class StepState:
-    """What the loaders, optimizers and schedulers of one ``Accelerator`` share during training.
+    """What the loaders, optimizers and schedulers of one ``Accelerator`` share during training
+    (``accelerator.gradient_state``, with HF's ``GradientState`` names).
 
-    Plain attributes (no properties, no singletons) so reading them per step costs one lookup.
+    Plain attributes (no singletons) so reading them per step costs one lookup.
     """
 
     sync_gradients: bool = True
     end_of_dataloader: bool = False
     remainder: int = -1
     active_loaders: list = field(default_factory=list)
+    num_steps: int = 1
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost prepared loader being iterated, else ``None``."""
+        return self.active_loaders[-1] if self.active_loaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.active_loaders)
+
+
+class PartialState:
+    """HF's way to reach this process's state without an ``Accelerator``: ``PartialState()``
+    returns the one :class:`ProcessState` of this process, resolving it on first use (then
+    ``cpu`` and ``kwargs``, which go to ``init_process_group``, apply). Not a real class: the
+    object returned is a ``ProcessState``."""
+
+    def __new__(cls, cpu: bool | None = None, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
+        known = current()
+        if known is not None and cpu is None:
+            return known
+        from .config import use_cpu
+
+        return process_state(use_cpu(bool(cpu)), kwargs)
+
+    @staticmethod
+    def _reset_state() -> None:
+        """HF's helper to start over: tears down the process group, like :func:`reset`."""
+        reset()
+
+
+class AcceleratorState(PartialState):
+    """HF's ``AcceleratorState()``: the same shared :class:`ProcessState` (accelify keeps mixed
+    precision and plugins on the ``Accelerator``, so only ``cpu`` is accepted)."""
+
+    def __new__(cls, cpu: bool | None = None) -> ProcessState:  # type: ignore[misc]
+        return PartialState(cpu)
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """HF's helper so the next ``Accelerator`` may choose other settings (mixed precision,
+        ...). accelify keeps those on each ``Accelerator``, so only ``reset_partial_state``
+        (tear down the process group too) has anything to do."""
+        if reset_partial_state:
+            reset()
 
 
 _resolved: dict[str, ProcessState] = {}  # "state" -> the one ProcessState of this process
@@ -86,11 +229,15 @@ def current() -> ProcessState | None:
     return _resolved.get("state")
 
 
-def process_state(cpu: bool) -> ProcessState:
-    """Resolve the state on the first call; later calls must agree on ``cpu``."""
+def process_state(cpu: bool, init_kwargs: Mapping[str, Any] | None = None) -> ProcessState:
+    """Resolve the state on the first call; later calls must agree on ``cpu``.
+
+    ``init_kwargs`` (``InitProcessGroupKwargs``: ``backend``, ``init_method``, ``timeout``) go to
+    ``init_process_group`` when this call starts the group.
+    """
     known = _resolved.get("state")
     if known is None:
-        known = _resolved["state"] = _resolve(cpu)
+        known = _resolved["state"] = _resolve(cpu, init_kwargs or {})
     elif known.cpu != cpu:
         raise ValueError(
             f"an Accelerator with cpu={known.cpu} already exists in this process; "
@@ -152,7 +299,7 @@ def _sharded_backend() -> DistributedType | None:
     return chosen[0] if chosen else None
 
 
-def _resolve(cpu: bool) -> ProcessState:
+def _resolve(cpu: bool, init_kwargs: Mapping[str, Any]) -> ProcessState:
     world_size = _int_env("WORLD_SIZE", 1)
     sharded = _sharded_backend()
     if sharded is not None and "MASTER_ADDR" not in os.environ:
@@ -168,7 +315,8 @@ def _resolve(cpu: bool) -> ProcessState:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        options = dict(init_kwargs)
+        dist.init_process_group(options.pop("backend", "nccl" if use_cuda else "gloo"), **options)
     if dist.get_world_size() != world_size:
         raise RuntimeError(
             f"WORLD_SIZE={world_size} but the process group has {dist.get_world_size()} processes"

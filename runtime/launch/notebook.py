@@ -28,17 +28,30 @@ def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional a
     master_addr: str = "127.0.0.1",
     node_rank: int = 0,
     num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
 ) -> None:
     """Run ``function(*args)`` on ``num_processes`` processes per node (HF Accelerate's API).
 
     ``num_processes`` None means one per GPU, or a plain call on a CPU-only machine; so does 1.
-    ``use_port`` "0" picks a free port (single node). Raises ``RuntimeError`` with the failing
-    rank's traceback first when a worker fails.
+    ``use_port`` "0" picks a free port (single node); ``rdzv_endpoint`` "HOST:PORT" stands for
+    ``master_addr`` and ``use_port``. Raises ``RuntimeError`` (also torch's
+    ``ChildFailedError``, as HF's launcher raises) with the failing rank's traceback
+    first when a worker fails. ``rdzv_id`` and ``log_line_prefix_template`` are refused: the
+    agent here names its runs itself and prefixes nothing.
     """
     gpus = cfg.gpu_count()
     try:
+        _refuse_unsupported(
+            rdzv_id=(rdzv_id, "none"), log_line_prefix_template=(log_line_prefix_template, None)
+        )
+        if rdzv_endpoint:
+            master_addr, _, use_port = rdzv_endpoint.rpartition(":")
         per_node = cfg.positive_int(max(gpus, 1) if num_processes is None else num_processes)
         given = {
             "num_processes": per_node * num_nodes,
@@ -49,6 +62,8 @@ def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional a
             "main_process_port": use_port,
             "max_restarts": max_restarts,
             "monitor_interval": monitor_interval,
+            "rdzv_backend": rdzv_backend,
+            "rdzv_conf": ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items()),
             "use_cpu": gpus == 0,
         }
         flags = {key: cfg.parse_value(key, value) for key, value in given.items()}
@@ -62,7 +77,28 @@ def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional a
     _refuse_unforkable_parent()
     report = run_elastic(settings, _recorded(function), list(args), "fork", "notebook_launcher")
     if report is not None:
-        raise RuntimeError(report.text)
+        raise _worker_failed_type()(report.text)
+
+
+@functools.cache
+def _worker_failed_type() -> type[RuntimeError]:
+    """``RuntimeError`` that is also torch's ``ChildFailedError``, which HF's launcher raises
+    and notebooks catch; built on first use so importing this module does not import torch."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    class WorkerFailed(RuntimeError, ChildFailedError):
+        def __init__(self, text: str) -> None:
+            RuntimeError.__init__(self, text)
+            self.name, self.failures = "notebook_launcher", {}
+
+    return WorkerFailed
+
+
+def _refuse_unsupported(**given: tuple[Any, Any]) -> None:
+    """``ValueError`` naming the first option set to anything but its default."""
+    for name, (value, default) in given.items():
+        if value != default:
+            raise ValueError(f"{name}={value!r} is not supported; leave it at {default!r}")
 
 
 def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
