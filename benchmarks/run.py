@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import exits
 import runtime_bench
 import scaling
 import static
@@ -34,6 +35,7 @@ class Profile:
     loop_repeats: int  # fresh processes per loop, on 1 and on 2 processes
     steps: int  # timed steps per loop process
     sizes: tuple[int, int] = (2500, 10000)  # module-level assignments, small and 4x larger
+    exit_runs: int = 20  # runs of the clean-exit job per runtime and launcher
 
 
 PROFILES = {
@@ -48,6 +50,7 @@ PROFILES = {
         loop_repeats=1,
         steps=500,
         sizes=(1000, 4000),
+        exit_runs=5,
     ),
     # Only proves that every section runs; the numbers mean nothing (tests/test_benchmarks.py).
     "smoke": Profile(
@@ -58,6 +61,7 @@ PROFILES = {
         loop_repeats=1,
         steps=20,
         sizes=(50, 200),
+        exit_runs=1,
     ),
 }
 
@@ -69,6 +73,7 @@ SECTIONS: dict[str, Callable[[Profile, Path], Section]] = {
     "per_step": lambda p, _: runtime_bench.per_step(p.loop_repeats, p.steps),
     "distributed": lambda p, _: runtime_bench.distributed(p.loop_repeats, p.steps),
     "gpu": lambda p, _: runtime_bench.gpu(p.loop_repeats, p.steps),
+    "exits": lambda p, _: exits.exits(p.exit_runs),
 }
 
 

@@ -83,6 +83,7 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
         "per_step",
         "distributed",
         "gpu",
+        "exits",
     ]
     for key, section in sections.items():
         if key == "gpu" and section["status"].startswith("skipped"):
@@ -97,6 +98,8 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
     # Section 6 really ran distributed: its loops refuse to report otherwise, so all rows exist.
     launchers = {row[1] for row in sections["distributed"]["rows"]}
     assert {"torchrun", "accel-run"} <= launchers
+    # Section 8 ran the clean-exit job under both launchers (counts are the run's, not asserted).
+    assert {row[1] for row in sections["exits"]["rows"]} >= {"accel-run", "torchrun"}
     table = (tmp_path / "results" / "latest.md").read_text()
     assert table in result.stdout
     assert "| accel-lint | 1 |" in table

@@ -46,10 +46,12 @@ class Key(NamedTuple):
     parse: Callable[[object], Any]
     variable: str | None  # what accelerate's launcher sets for the workers; None: launcher only
     help: str
+    default: str | None = None  # what accelerate's launcher sets when the key is not given
 
 
 _FSDP1_ONLY = "FSDP1 tuning that FSDP2 does by itself: accepted so existing configs load"
 _SSH_ONLY = "read by accelerate's ssh/MPI launchers only: accepted so their configs load"
+_HF_ONLY = "passed to HF Accelerate's runtime; accelify.runtime does not read it"
 # The launch options the runtime also reads (``deepspeed_config.OPTION_ENV``), with their help.
 _DS_OPTION_HELP = {
     "zero_stage": "0-3: shard optimizer states (1), + gradients (2), + parameters (3)",
@@ -87,21 +89,38 @@ DEEPSPEED_KEYS: dict[str, Key] = {
         None,
         "standard: one agent per machine, as accel-run runs; the others are refused on 2+ machines",
     ),
+    "offload_optimizer_nvme_path": Key(
+        cfg.text,
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+        f"NVMe offload folder; {_HF_ONLY}",
+    ),
+    "offload_param_nvme_path": Key(
+        cfg.text, "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", f"NVMe offload folder; {_HF_ONLY}"
+    ),
+    "deepspeed_moe_layer_cls_names": Key(
+        cfg.text,
+        "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES",
+        f"MoE layer classes ZeRO-3 keeps whole, comma-separated; {_HF_ONLY}",
+    ),
     "deepspeed_hostfile": Key(cfg.text, None, _SSH_ONLY),
     "deepspeed_inclusion_filter": Key(cfg.text, None, _SSH_ONLY),
     "deepspeed_exclusion_filter": Key(cfg.text, None, _SSH_ONLY),
 }
 FSDP_KEYS: dict[str, Key] = {
-    "fsdp_version": Key(cfg.choice("1", "2"), "FSDP_VERSION", "1|2: both run on FSDP2"),
+    "fsdp_version": Key(
+        cfg.choice("1", "2"), "FSDP_VERSION", "1|2: accelify.runtime runs both on FSDP2", "1"
+    ),
     "fsdp_sharding_strategy": Key(
         _fsdp_sharding,
         "FSDP_SHARDING_STRATEGY",
         "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2 (or 1-5)",
+        "FULL_SHARD",
     ),
     "fsdp_reshard_after_forward": Key(
         cfg.boolean,
         "FSDP_RESHARD_AFTER_FORWARD",
         "true|false: free gathered parameters after the forward (FSDP2's way to say FULL_SHARD)",
+        "true",
     ),
     "fsdp_auto_wrap_policy": Key(
         cfg.choice("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
@@ -115,9 +134,13 @@ FSDP_KEYS: dict[str, Key] = {
         cfg.non_negative_int,
         "FSDP_MIN_NUM_PARAMS",
         "SIZE_BASED_WRAP: shard apart submodules with at least this many parameters",
+        "100000000",
     ),
     "fsdp_offload_params": Key(
-        cfg.boolean, "FSDP_OFFLOAD_PARAMS", "true|false: keep parameters on the CPU (CUDA runs)"
+        cfg.boolean,
+        "FSDP_OFFLOAD_PARAMS",
+        "true|false: keep parameters on the CPU (CUDA runs)",
+        "false",
     ),
     "fsdp_state_dict_type": Key(
         cfg.choice("FULL_STATE_DICT", "SHARDED_STATE_DICT"),
@@ -125,15 +148,22 @@ FSDP_KEYS: dict[str, Key] = {
         "FULL_STATE_DICT|SHARDED_STATE_DICT: one file, or a distributed checkpoint per process",
     ),
     "fsdp_backward_prefetch": Key(cfg.text, "FSDP_BACKWARD_PREFETCH", _FSDP1_ONLY),
-    "fsdp_backward_prefetch_policy": Key(cfg.text, "FSDP_BACKWARD_PREFETCH", _FSDP1_ONLY),
-    "fsdp_forward_prefetch": Key(cfg.boolean, "FSDP_FORWARD_PREFETCH", _FSDP1_ONLY),
-    "fsdp_use_orig_params": Key(cfg.boolean, "FSDP_USE_ORIG_PARAMS", _FSDP1_ONLY),
-    "fsdp_sync_module_states": Key(cfg.boolean, "FSDP_SYNC_MODULE_STATES", _FSDP1_ONLY),
+    # An old spelling accelerate's launcher reads no more (it sets no variable for it).
+    "fsdp_backward_prefetch_policy": Key(cfg.text, None, _FSDP1_ONLY),
+    "fsdp_forward_prefetch": Key(cfg.boolean, "FSDP_FORWARD_PREFETCH", _FSDP1_ONLY, "false"),
+    "fsdp_use_orig_params": Key(cfg.boolean, "FSDP_USE_ORIG_PARAMS", _FSDP1_ONLY, "true"),
+    "fsdp_sync_module_states": Key(cfg.boolean, "FSDP_SYNC_MODULE_STATES", _FSDP1_ONLY, "true"),
     "fsdp_cpu_ram_efficient_loading": Key(
-        cfg.boolean, "FSDP_CPU_RAM_EFFICIENT_LOADING", _FSDP1_ONLY
+        cfg.boolean, "FSDP_CPU_RAM_EFFICIENT_LOADING", _FSDP1_ONLY, "true"
     ),
     "fsdp_activation_checkpointing": Key(
-        _never, "FSDP_ACTIVATION_CHECKPOINTING", "only false: not supported by accel-run"
+        _never, "FSDP_ACTIVATION_CHECKPOINTING", "only false: not supported by accel-run", "false"
+    ),
+    "fsdp_activation_checkpointing_offload": Key(
+        _never,
+        "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
+        "only false: not supported by accel-run",
+        "false",
     ),
 }
 
@@ -145,19 +175,22 @@ class Backend:
     kind: str  # DEEPSPEED or FSDP
     values: Mapping[str, Any] = field(default_factory=dict)
     use_cpu: bool = False
+    # Settings the config file gave (section keys, mixed_precision): HF's DeepSpeed plugin
+    # refuses them beside a deepspeed_config_file (ACCELERATE_CONFIG_DS_FIELDS).
+    from_file: tuple[str, ...] = ()
 
     def env(self) -> dict[str, str]:
         keys = DEEPSPEED_KEYS if self.kind == "DEEPSPEED" else FSDP_KEYS
-        env = {
-            "ACCELERATE_USE_DEEPSPEED"
-            if self.kind == "DEEPSPEED"
-            else "ACCELERATE_USE_FSDP": "true"
-        }
+        env = {key.variable: key.default for key in keys.values() if key.default is not None}
         for key, value in self.values.items():
             variable = keys[key].variable
             if variable is not None:
                 env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
-        if self.kind == "DEEPSPEED" and self.use_cpu:
+        if self.kind == "FSDP":
+            return {"ACCELERATE_USE_FSDP": "true", **env}
+        env["ACCELERATE_USE_DEEPSPEED"] = "true"
+        env["ACCELERATE_CONFIG_DS_FIELDS"] = ",".join(self.from_file)
+        if self.use_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # else deepspeed looks for an accelerator it may find
         return env
 
@@ -226,7 +259,11 @@ def apply(settings: cfg.Settings, args: argparse.Namespace) -> cfg.Settings:
     if active is None:
         return replace(settings, sections={})
     base = settings.sections.get(active) or Backend(kind)
-    backend = _checked(settings, Backend(kind, {**base.values, **flags}, settings.use_cpu))
+    from_file = tuple(base.values)
+    if "mixed_precision" in settings.from_file:
+        from_file += ("mixed_precision",)
+    merged = Backend(kind, {**base.values, **flags}, settings.use_cpu, from_file)
+    backend = _checked(settings, merged)
     return replace(settings, distributed_type=kind, sections={active: backend})
 
 

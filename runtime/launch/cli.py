@@ -9,6 +9,7 @@ script's, even ``--num_processes``).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from accelify.runtime.launch import backends
+from accelify.runtime.launch import backends, foreign_flags
 from accelify.runtime.launch import config as cfg
 
 PROG = "accel-run"
@@ -32,8 +33,18 @@ examples:
   accel-run --num-machines 2 --machine-rank 1 --main-process-ip 10.0.0.1 \\
             --main-process-port 29500 --num-processes 16 train.py
                                                  machine 1 of 2, 8 processes on each
+  accel-run --nproc-per-node 2 --nnodes 1 train.py
+                                                 torchrun's spellings work too
+  accel-run launch train.py                      `accelerate launch`'s shape
+  accel-run test --config-file fsdp.yaml         a short training run on that config
   accel-run config --default                     write the default config file
   accel-run env                                  versions, devices and the resolved config
+
+Every option of `accelerate launch` is accepted. Those for TPUs, SageMaker, Megatron-LM, FP8 and
+N-D parallelism (--megatron-lm-*, --fp8-*, --parallelism-config-*, --vm, --aws-*, ...) are not
+listed here: each one given prints why it has no effect, or stops the launch when it would change
+training and accel-run cannot do it (--tpu, --use-megatron-lm, --use-parallelism-config,
+--mpirun-hostfile).
 
 Everything after the script (or -m module) is passed to it unchanged. Settings are merged as
 defaults < config file < flags; the config file is --config-file, else accelerate's default
@@ -42,25 +53,53 @@ defaults < config file < flags; the config file is --config-file, else accelerat
 exit codes: 0 all workers succeeded; the first failing worker's code (128+N when killed by
 signal N); 2 a usage or config error.
 """
-# Settings fields that have a flag taking a value: (field, metavar, help).
+# Settings fields that have a flag taking a value: (field, metavar, help, torchrun's spelling).
 _VALUE_FLAGS = (
-    ("num_processes", "N", "processes in total over all machines (default: one per GPU, else 1)"),
-    ("num_machines", "N", "machines taking part (default: 1)"),
-    ("machine_rank", "R", "this machine's rank, 0 to num_machines-1 (default: 0)"),
-    ("main_process_ip", "ADDR", "address of machine 0 (needed with several machines)"),
-    ("main_process_port", "PORT", "port on machine 0; 0 or absent picks a free one"),
-    ("mixed_precision", "{no,fp16,bf16}", "mixed precision for the Accelerator (default: no)"),
-    ("gradient_accumulation_steps", "N", "gradient accumulation steps for the Accelerator"),
-    ("gpu_ids", "IDS", "GPUs to use, like 0,1 (sets CUDA_VISIBLE_DEVICES; default: all)"),
-    ("rdzv_backend", "{static,c10d}", "rendezvous backend with several machines"),
-    ("max_restarts", "N", "restart all workers up to N times after a failure (default: 0)"),
-    ("monitor_interval", "SECONDS", "how often the agent checks the workers (default: 0.1)"),
-)
+    ("num_processes", "N", "processes in total over all machines (default: one per GPU, else 1)",
+     ""),
+    ("num_machines", "N", "machines taking part (default: 1)", ""),
+    ("machine_rank", "R", "this machine's rank, 0 to num_machines-1 (default: 0)", "node_rank"),
+    ("main_process_ip", "ADDR", "address of machine 0 (needed with several machines)",
+     "master_addr"),
+    ("main_process_port", "PORT", "port on machine 0; 0 or absent picks a free one",
+     "master_port"),
+    ("mixed_precision", "{no,fp16,bf16}", "mixed precision for the Accelerator (default: no)", ""),
+    ("gradient_accumulation_steps", "N",
+     "gradient accumulation steps for the Accelerator (any backend; accelerate launch passes it "
+     "to DeepSpeed only)", ""),
+    ("gpu_ids", "IDS", "GPUs to use, like 0,1 (sets CUDA_VISIBLE_DEVICES; default: all)", ""),
+    ("num_cpu_threads_per_process", "N",
+     "OMP_NUM_THREADS of each worker (default: cores / processes, unless already set)", ""),
+    ("dynamo_backend", "BACKEND",
+     "torch.compile backend for HF Accelerate's prepare (ACCELERATE_DYNAMO_BACKEND; default: no)",
+     ""),
+    ("dynamo_mode", "MODE", "default|reduce-overhead|max-autotune, with --dynamo-backend", ""),
+    ("rdzv_backend", "{static,c10d}", "rendezvous backend with several machines", ""),
+    ("rdzv_conf", "K=V,...", "rendezvous options, like join_timeout=600", ""),
+    ("max_restarts", "N", "restart all workers up to N times after a failure (default: 0)", ""),
+    ("monitor_interval", "SECONDS", "how often the agent checks the workers (default: 0.1)", ""),
+    ("tee", "SPEC", "also write stdout (1), stderr (2) or both (3) to --log-dir; or rank:n,...",
+     ""),
+    ("log_dir", "DIR", "keep each rank's error file (and --tee output) in a folder under DIR", ""),
+    ("role", "NAME", "the workers' role name for the elastic agent (default: default)", ""),
+)  # fmt: skip
 # Settings fields set by a flag without a value: (flag, field, help).
 _SWITCHES = (
     ("cpu", "use_cpu", "run on CPU only (gloo), even where GPUs exist"),
-    ("same_network", "same_network", "accepted for accelerate compatibility (no effect)"),
+    ("same_network", "same_network", "accepted: machines always meet at --main-process-ip"),
     ("debug", "debug", "show the elastic agent's log and set ACCELERATE_DEBUG_MODE"),
+    ("enable_cpu_affinity", "enable_cpu_affinity",
+     "ACCELERATE_CPU_AFFINITY=1: HF Accelerate pins each CUDA rank to its cores"),
+    ("dynamo_use_fullgraph", "dynamo_use_fullgraph", "with --dynamo-backend"),
+    ("dynamo_use_dynamic", "dynamo_use_dynamic", "with --dynamo-backend"),
+    ("dynamo_use_regional_compilation", "dynamo_use_regional_compilation",
+     "with --dynamo-backend"),
+)  # fmt: skip
+# torchrun's own ways to say how many and where; translated by _torchrun_values().
+_TORCHRUN_FLAGS = (
+    ("nproc_per_node", "N", "torchrun's count: processes on each machine"),
+    ("nnodes", "N", "torchrun's --num-machines (a fixed count; MIN:MAX is not supported)"),
+    ("rdzv_endpoint", "HOST:PORT", "torchrun's --main-process-ip and --main-process-port"),
 )
 
 
@@ -83,12 +122,16 @@ def _flag(name: str) -> list[str]:
     return [dashed, "--" + name] if "_" in name else [dashed]
 
 
+def _add_switch(parser: argparse.ArgumentParser, name: str, dest: str, help_text: str) -> None:
+    parser.add_argument(*_flag(name), dest=dest, action="store_true", default=None, help=help_text)
+
+
 def launch_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        usage="%(prog)s [OPTIONS] script.py [script args...]\n"
-        "       %(prog)s [OPTIONS] -m module [module args...]\n"
-        "       %(prog)s {config,env} ...",
+        usage="%(prog)s [launch] [OPTIONS] script.py [script args...]\n"
+        "       %(prog)s [launch] [OPTIONS] -m module [module args...]\n"
+        "       %(prog)s {test,config,env} ...",
         description="Launch a training script on N processes and M machines, on torch's elastic\n"
         "agent, with the environment HF Accelerate's launcher gives its scripts.",
         epilog=EXAMPLES,
@@ -97,12 +140,16 @@ def launch_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version('accelify')}")
     parser.add_argument(*_flag("config_file"), metavar="PATH", help="accelerate-style YAML config")
-    for name, metavar, help_text in _VALUE_FLAGS:
-        parser.add_argument(*_flag(name), dest=name, metavar=metavar, help=help_text)
+    for name, metavar, help_text, torchrun in _VALUE_FLAGS:
+        spellings = _flag(name) + (_flag(torchrun) if torchrun else [])
+        parser.add_argument(*spellings, dest=name, metavar=metavar, help=help_text)
+    parser.add_argument("-t", dest="tee", help=argparse.SUPPRESS)  # accelerate's short --tee
     for flag, name, help_text in _SWITCHES:
-        parser.add_argument(
-            *_flag(flag), dest=name, action="store_true", default=None, help=help_text
-        )
+        _add_switch(parser, flag, name, help_text)
+    torchrun = parser.add_argument_group("torchrun's spellings")
+    for name, metavar, help_text in _TORCHRUN_FLAGS:
+        torchrun.add_argument(*_flag(name), dest=name, metavar=metavar, help=help_text)
+    _add_switch(torchrun, "standalone", "standalone", "one machine, a free port (the default)")
     parser.add_argument(
         *_flag("multi_gpu"),
         dest="distributed_type",
@@ -111,8 +158,17 @@ def launch_parser() -> argparse.ArgumentParser:
         help="accepted for accelerate compatibility (several processes imply it)",
     )
     backends.add_flags(parser)
+    foreign_flags.add_flags(parser)
     parser.add_argument(
         "-m", "--module", action="store_true", help="the target is a module name, as in python -m"
+    )
+    parser.add_argument(
+        *_flag("no_python"),
+        action="store_true",
+        help="the target is a program to run as it is, not a Python script",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no notes or warnings from accel-run itself"
     )
     parser.add_argument("script", nargs="?", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -158,28 +214,113 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
             values[name] = cfg.parse_value(name, raw)
         except ValueError as err:
             raise UsageError(f"{_flag(name)[0]}: {err}") from None
+    for name, value in _torchrun_values(args).items():
+        if values.setdefault(name, value) != value:
+            raise UsageError(
+                f"{_flag(name)[0]} is {values[name]} but torchrun's spelling says {value}"
+            )
     return values
 
 
-def _launch(argv: list[str]) -> int:
-    from accelify.runtime.launch.run import BOOTSTRAP, run_elastic
+def _torchrun_values(args: argparse.Namespace) -> dict[str, Any]:
+    """``--nnodes``, ``--rdzv-endpoint`` and ``--standalone`` as accelerate's settings."""
+    values: dict[str, Any] = {}
+    nnodes = getattr(args, "nnodes", None)
+    if nnodes is not None:
+        low, _, high = str(nnodes).partition(":")
+        if high and high != low:
+            raise UsageError(
+                f"--nnodes {nnodes}: accel-run runs a fixed number of machines; give one number"
+            )
+        values["num_machines"] = _parsed("nnodes", "num_machines", low)
+    endpoint = getattr(args, "rdzv_endpoint", None)
+    if endpoint is not None:
+        host, _, port = str(endpoint).rpartition(":")
+        if not host:
+            raise UsageError(f"--rdzv-endpoint: must be HOST:PORT, got {endpoint!r}")
+        values["main_process_ip"] = _parsed("rdzv_endpoint", "main_process_ip", host)
+        values["main_process_port"] = _parsed("rdzv_endpoint", "main_process_port", port)
+    if getattr(args, "standalone", None):
+        values |= {"num_machines": 1, "main_process_port": 0}
+    return values
 
-    args = launch_parser().parse_args(argv)
+
+def _parsed(flag: str, name: str, raw: str) -> Any:
+    try:
+        return cfg.parse_value(name, raw)
+    except ValueError as err:
+        raise UsageError(f"{_flag(flag)[0]}: {err}") from None
+
+
+def _warn(message: str, quiet: bool) -> None:
+    if not quiet:
+        _console().print(Text(f"{PROG}: {message}"))
+
+
+def _command(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The worker's entry point (a program, or Python running bootstrap.py) and its arguments."""
+    from accelify.runtime.launch.run import BOOTSTRAP
+
     if args.script is None:
         raise UsageError("no script to run; see accel-run --help")
-    if args.module:
-        command = ["-m", args.script, *args.script_args]
-    elif Path(args.script).is_file():
-        command = [args.script, *args.script_args]
-    else:
+    if args.module and args.no_python:
+        raise UsageError("--module and --no-python exclude each other; pick one")
+    if args.no_python:
+        if shutil.which(args.script) is None:
+            raise UsageError(f"{args.script}:0: no such program")
+        return args.script, list(args.script_args)
+    if not args.module and not Path(args.script).is_file():
         raise UsageError(f"{args.script}:0: no such script")
+    target = ["-m", args.script] if args.module else [args.script]
+    return sys.executable, [BOOTSTRAP, *target, *args.script_args]
+
+
+def _warn_if_trains_alone(args: argparse.Namespace, settings: cfg.Settings) -> None:
+    from accelify.runtime.launch.script_check import is_distributed
+
+    processes = settings.num_processes or 1
+    if processes < 2 or args.module or args.no_python or is_distributed(Path(args.script)):
+        return
+    _warn(
+        f"warning: {args.script} uses no Accelerator and no torch.distributed: each of the "
+        f"{processes} processes will train the whole model on all the data by itself "
+        "(convert it with accel-convert, or launch it on 1 process)",
+        args.quiet,
+    )
+
+
+def _launch(argv: list[str]) -> int:
+    return _run(launch_parser().parse_args(argv))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from accelify.runtime.launch.run import run_elastic
+
+    entrypoint, command = _command(args)
+    try:
+        notes = foreign_flags.review(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     settings = cfg.load_settings(args.config_file, flag_values(args))
     settings = backends.apply(settings, args)
-    report = run_elastic(settings, sys.executable, [BOOTSTRAP, *command], "spawn", PROG)
+    for note in notes:
+        _warn(f"note: {note}", args.quiet)
+    _warn_if_trains_alone(args, settings)
+    report = run_elastic(settings, entrypoint, command, "spawn", PROG)
     if report is None:
         return 0
     _console().print(Text(report.text))
     return report.exit_code
+
+
+def _test(argv: list[str]) -> int:
+    """``accel-run test [launch options]``: the bundled self-test on the resolved config."""
+    from accelify.runtime.launch.run import SELFTEST
+
+    args = launch_parser().parse_args([*argv, SELFTEST])
+    if args.script != SELFTEST or args.module or args.no_python:
+        raise UsageError("accel-run test takes launch options only, not a script")
+    return _run(args)
 
 
 def _config(argv: list[str]) -> int:
@@ -202,14 +343,16 @@ def _env(argv: list[str]) -> int:
     return 0 if ok else 2
 
 
-_COMMANDS = {"config": _config, "env": _env}
+# ``launch`` too: `accelerate launch ...` command lines work with only the program name changed.
+_COMMANDS = {"launch": _launch, "test": _test, "config": _config, "env": _env}
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point of ``accel-run``; always leaves through ``sys.exit`` with the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    command = _COMMANDS.get(argv[0], _launch) if argv else _launch
-    rest = argv[1:] if command is not _launch else argv
+    command = _COMMANDS.get(argv[0]) if argv else None
+    rest = argv[1:] if command else argv
+    command = command or _launch
     try:
         code = command(rest)
     except (UsageError, cfg.ConfigError) as err:

@@ -21,6 +21,21 @@ DEFAULT_PORT = 29500
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 # The distributed types accel-run can launch (backends.py registers the sharded ones' sections).
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
+SHARDED_TYPES = ("DEEPSPEED", "FSDP")
+# torch.compile backends HF Accelerate's launcher accepts (``accelerate.utils.DynamoBackend``).
+DYNAMO_BACKENDS = (
+    "NO", "EAGER", "AOT_EAGER", "INDUCTOR", "AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "CUDAGRAPHS",
+    "OFI", "FX2TRT", "ONNXRT", "TENSORRT", "AOT_TORCHXLA_TRACE_ONCE", "TORCHXLA_TRACE_ONCE", "TVM",
+    "HPU_BACKEND", "NEURON",
+)  # fmt: skip
+# Settings HF Accelerate's launcher hands to the Accelerator as ``ACCELERATE_DYNAMO_*``.
+DYNAMO_KEYS = (
+    "dynamo_backend",
+    "dynamo_mode",
+    "dynamo_use_fullgraph",
+    "dynamo_use_dynamic",
+    "dynamo_use_regional_compilation",
+)
 
 
 class ConfigError(ValueError):
@@ -84,6 +99,14 @@ def boolean(value: object) -> bool:
     raise ValueError(f"must be true or false, got {value!r}")
 
 
+def dynamo_backend(value: object) -> str:
+    """accelerate's spelling: upper case, and ``no`` (or YAML's ``false``) for off."""
+    picked = "NO" if value is False else str(value).strip().upper()
+    if picked not in DYNAMO_BACKENDS:
+        raise ValueError(f"must be one of {', '.join(DYNAMO_BACKENDS)}, got {value!r}")
+    return picked
+
+
 def text(value: object) -> str:
     if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
         raise ValueError(f"must be a non-empty string, got {value!r}")
@@ -95,6 +118,24 @@ def gpu_ids(value: object) -> str:
     if ids != "all" and not re.fullmatch(r"\d+(,\d+)*", ids):
         raise ValueError(f"must be 'all' or a comma-separated list like 0,1, got {value!r}")
     return ids
+
+
+def tee(value: object) -> str:
+    """torchrun's ``--tee``: 0-3 (none, stdout, stderr, both) for all ranks, or ``rank:n,...``."""
+    spec = str(value).replace(" ", "")
+    if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", spec):
+        raise ValueError(f"must be 0-3 or rank:0-3 pairs like 0:3,1:2, got {value!r}")
+    return spec
+
+
+def key_values(value: object) -> dict[str, str]:
+    """torchrun's ``--rdzv-conf``: ``key=value,key=value``."""
+    pairs = [part for part in str(value).split(",") if part.strip()]
+    if not all(re.fullmatch(r"\s*\w+\s*=[^=]*", part) for part in pairs):
+        raise ValueError(
+            f"must be key=value pairs like join_timeout=600,timeout=900, got {value!r}"
+        )
+    return {key.strip(): text.strip() for key, text in (part.split("=") for part in pairs)}
 
 
 def choice(*allowed: str, lower: bool = False) -> Callable[[object], str]:
@@ -127,12 +168,27 @@ class Settings:
     # static endpoint, so accel-run needs no switch for it.
     same_network: bool = False
     debug: bool = False
+    enable_cpu_affinity: bool = False  # ACCELERATE_CPU_AFFINITY: HF Accelerate pins CUDA ranks
+    dynamo_backend: str = "NO"  # ACCELERATE_DYNAMO_*: torch.compile in HF Accelerate's prepare
+    dynamo_mode: str = "default"
+    dynamo_use_fullgraph: bool = False
+    dynamo_use_dynamic: bool = False
+    dynamo_use_regional_compilation: bool = False
     # Flag-only settings (accelerate's config file has no place for them).
     gradient_accumulation_steps: int | None = None
+    num_cpu_threads_per_process: int | None = None  # OMP_NUM_THREADS of each worker
+    nproc_per_node: int | None = None  # torchrun's count, per machine: sets num_processes
     max_restarts: int = 0
     monitor_interval: float = 0.1
+    # The elastic agent's own options, as torchrun (and accelerate launch) spell them.
+    tee: str = "0"
+    log_dir: str | None = None  # None: a temporary folder, removed after the run
+    role: str = "default"
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     # Backend sections (``deepspeed_config``, ``fsdp_config``), parsed by backends.py.
     sections: Mapping[str, Section] = field(default_factory=dict)
+    # The settings whose value came from the config file (HF's DeepSpeed checks ask).
+    from_file: frozenset[str] = frozenset()
 
     @property
     def processes_per_machine(self) -> int:
@@ -162,11 +218,30 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "rdzv_backend": choice("static", "c10d", lower=True),
     "same_network": boolean,
     "debug": boolean,
+    "enable_cpu_affinity": boolean,
+    "dynamo_backend": dynamo_backend,
+    "dynamo_mode": choice("default", "reduce-overhead", "max-autotune", lower=True),
+    "dynamo_use_fullgraph": boolean,
+    "dynamo_use_dynamic": boolean,
+    "dynamo_use_regional_compilation": boolean,
     "gradient_accumulation_steps": positive_int,
+    "num_cpu_threads_per_process": positive_int,
+    "nproc_per_node": positive_int,
     "max_restarts": non_negative_int,
     "monitor_interval": positive_float,
+    "tee": tee,
+    "log_dir": text,
+    "role": text,
+    "rdzv_conf": key_values,
 }
-FILE_KEYS = frozenset(PARSERS) - {"gradient_accumulation_steps", "max_restarts", "monitor_interval"}
+FLAG_ONLY_KEYS = frozenset(
+    {
+        "gradient_accumulation_steps", "num_cpu_threads_per_process", "nproc_per_node",
+        "max_restarts", "monitor_interval", "tee", "log_dir", "role", "rdzv_conf",
+    }
+)  # fmt: skip
+# dynamo_backend is also a top-level key: accelerate's older configs wrote it there.
+FILE_KEYS = frozenset(PARSERS) - FLAG_ONLY_KEYS - set(DYNAMO_KEYS[1:])
 
 
 class Section(Protocol):
@@ -184,13 +259,11 @@ SECTIONS: dict[str, Callable[[Mapping[str, Any]], Section]] = {}
 # Keys accelerate writes into every config that only matter to features accel-run does not have;
 # accepted while they hold these values so an existing accelerate config keeps working.
 INERT_KEYS: dict[str, tuple[object, ...]] = {
-    "enable_cpu_affinity": (False,),
     "downcast_bf16": ("no", False),
     "main_training_function": ("main",),
     "tpu_env": ([], None),
     "tpu_use_cluster": (False,),
     "tpu_use_sudo": (False,),
-    "dynamo_config": ({}, None),
 }
 
 
@@ -202,11 +275,18 @@ def parse_value(key: str, value: object) -> Any:
 def load_file(path: Path) -> dict[str, Any]:
     """Read an accelerate YAML config; errors point at ``path:line``."""
     try:
-        source = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}:0: no such config file") from None
     except OSError as err:
         raise ConfigError(f"{path}:0: {err.strerror or err}") from None
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save it as UTF-8"
+        ) from None
     try:
         root = yaml.compose(source)
     except yaml.YAMLError as err:
@@ -233,6 +313,8 @@ def _take(values: dict[str, Any], key: str, value: object) -> None:
     if key in FILE_KEYS:
         if value is not None:
             values[key] = parse_value(key, value)
+    elif key == "dynamo_config":
+        values.update(_dynamo_section(value or {}))
     elif key in SECTIONS:
         values.setdefault("sections", {})[key] = SECTIONS[key](value or {})
     elif key in INERT_KEYS:
@@ -243,6 +325,22 @@ def _take(values: dict[str, Any], key: str, value: object) -> None:
     else:
         known = ", ".join(sorted(FILE_KEYS | set(SECTIONS)))
         raise ValueError(f"unknown key (accel-run reads: {known})")
+
+
+def _dynamo_section(section: object) -> dict[str, Any]:
+    """accelerate's ``dynamo_config`` mapping; its keys may leave out the ``dynamo_`` prefix."""
+    if not isinstance(section, Mapping):
+        raise ValueError("must be a mapping of key: value")
+    values = {}
+    for key, value in section.items():
+        name = key if str(key).startswith("dynamo_") else f"dynamo_{key}"
+        if name not in DYNAMO_KEYS:
+            raise ValueError(f"{key}: unknown key (accel-run reads: {', '.join(DYNAMO_KEYS)})")
+        try:
+            values[name] = parse_value(name, value)
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
+    return values
 
 
 def gpu_count() -> int:
@@ -265,9 +363,19 @@ def resolve(
     gpu_count: Callable[[], int],
 ) -> Settings:
     """Merge defaults < file < flags and check the combination; ``gpu_count`` is asked lazily."""
-    settings = Settings(**{**file_values, **flag_values})
+    from_file = frozenset(file_values) - frozenset(flag_values)
+    settings = Settings(**{**file_values, **flag_values}, from_file=from_file)
     if settings.distributed_type == "MULTI_CPU":
         settings = replace(settings, use_cpu=True)
+    if settings.nproc_per_node is not None:
+        total = settings.nproc_per_node * settings.num_machines
+        if flag_values.get("num_processes", total) != total:
+            raise ConfigError(
+                f"--nproc-per-node {settings.nproc_per_node} on {settings.num_machines} "
+                f"machine(s) is {total} processes, but --num-processes is "
+                f"{flag_values['num_processes']} (accelerate's count is the total over machines)"
+            )
+        settings = replace(settings, num_processes=total)
     if settings.num_processes is None:
         settings = replace(settings, num_processes=_default_processes(settings, gpu_count))
     _check(settings)
@@ -302,23 +410,39 @@ def _check(settings: Settings) -> None:
 def child_env(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``ACCELERATE_*`` (and device) variables HF Accelerate's launcher gives its children.
 
-    Names and spellings follow ``accelerate.utils.launch.prepare_multi_gpu_env``, so Trainer and
-    HF-Accelerate scripts behave the same under accel-run; ``accelify.runtime`` reads them too.
+    Names, spellings and which backend gets which follow ``accelerate.utils.launch`` (its
+    ``prepare_*_env`` functions), so HF's Accelerator (Trainer's too) builds the same state under
+    accel-run as under ``accelerate launch``; ``accelify.runtime`` reads the same variables.
     """
     environ = os.environ if environ is None else environ
-    env = {
-        "ACCELERATE_MIXED_PRECISION": settings.mixed_precision,
-        "ACCELERATE_USE_CPU": str(settings.use_cpu),
-    }
+    sharded = settings.resolved_distributed_type in SHARDED_TYPES
+    env = {"ACCELERATE_MIXED_PRECISION": settings.mixed_precision}
+    if not sharded:
+        env["ACCELERATE_USE_CPU"] = str(settings.use_cpu)
+    elif settings.use_cpu:
+        # HF's Accelerator with ACCELERATE_USE_CPU drops DeepSpeed/FSDP for plain DDP, so
+        # accelerate's launcher never sets it for them; it then trains on the GPUs it sees.
+        # Hiding them keeps use_cpu's meaning for both runtimes (a no-op on a CPU-only host).
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    # str(): Python's spelling (True, False), as accelerate's launcher writes these.
+    env |= {f"ACCELERATE_{key.upper()}": str(getattr(settings, key)) for key in DYNAMO_KEYS}
     if settings.debug:
         env["ACCELERATE_DEBUG_MODE"] = "true"
+    if settings.enable_cpu_affinity:
+        env["ACCELERATE_CPU_AFFINITY"] = "1"
     if settings.gradient_accumulation_steps is not None:
         env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(settings.gradient_accumulation_steps)
-    if settings.gpu_ids not in (None, "all"):
+    if settings.gpu_ids not in (None, "all") and "CUDA_VISIBLE_DEVICES" not in env:
         env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
     for section in settings.sections.values():
         env.update(section.env())
-    if "OMP_NUM_THREADS" not in environ:
+    if settings.resolved_distributed_type == "DEEPSPEED":
+        # accelerate's DeepSpeed launch appends the working folder to the module path.
+        paths = [*environ.get("PYTHONPATH", "").split(os.pathsep), os.getcwd()]
+        env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    if settings.num_cpu_threads_per_process is not None:
+        env["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
+    elif "OMP_NUM_THREADS" not in environ:
         # Like torchrun, do not let N processes each start one thread per core.
         env["OMP_NUM_THREADS"] = str(
             max(1, (os.cpu_count() or 1) // settings.processes_per_machine)

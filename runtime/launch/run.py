@@ -25,12 +25,13 @@ if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
+SELFTEST = str(Path(__file__).with_name("selftest.py"))  # what `accel-run test` runs
 _ELASTIC_LOGGER = "torch.distributed.elastic"
 
 
 def launch_config(settings: Settings, start_method: str, log_dir: str) -> LaunchConfig:
     """The elastic agent's settings for ``settings`` (shared by accel-run and notebook_launcher)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
     backend, endpoint, configs = _rendezvous(settings)
@@ -39,14 +40,26 @@ def launch_config(settings: Settings, start_method: str, log_dir: str) -> Launch
         max_nodes=settings.num_machines,
         nproc_per_node=settings.processes_per_machine,
         run_id="accelify" if settings.num_machines > 1 else uuid.uuid4().hex,
+        role=settings.role,
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
-        rdzv_configs=configs,
+        rdzv_configs={**settings.rdzv_conf, **configs},
         max_restarts=settings.max_restarts,
         monitor_interval=settings.monitor_interval,
         start_method=start_method,
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.from_str(settings.tee)),
     )
+
+
+def _log_dir(settings: Settings) -> contextlib.AbstractContextManager[str]:
+    """Where the agent writes each rank's error file (and, with --tee, its output).
+
+    ``--log-dir`` keeps them: each run gets its own folder inside, so an earlier run's error
+    files are never mistaken for this one's."""
+    if settings.log_dir is None:
+        return tempfile.TemporaryDirectory(prefix="accel-run-")
+    Path(settings.log_dir).mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(tempfile.mkdtemp(prefix="accel-run-", dir=settings.log_dir))
 
 
 def _rendezvous(settings: Settings) -> tuple[str, str, dict[str, Any]]:
@@ -139,7 +152,7 @@ def run_elastic(
         # attempt's rank 0 hosts a fresh store. Only the c10d rendezvous honours it.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with (
-        tempfile.TemporaryDirectory(prefix="accel-run-") as log_dir,
+        _log_dir(settings) as log_dir,
         patched_environ(env),
         quiet_agent(settings.debug),
     ):

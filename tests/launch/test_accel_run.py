@@ -163,3 +163,26 @@ def test_two_machines_on_one_host_form_one_world(accel_run_argv: list[str]) -> N
     # Machine 0 runs global rank 0, machine 1 rank 1, in one world of two.
     assert [[r["rank"] for r in results(out)] for out, _ in outputs] == [[0], [1]]
     assert {r["sum"] for out, _ in outputs for r in results(out)} == {1.0}
+
+
+def test_a_plain_script_on_two_processes_is_warned_about_before_it_starts(
+    accel_run, tmp_path: Path
+) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text("print('trained')\n")
+    done = accel_run("launch", "--cpu", "--num_processes", "2", str(script))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("trained") == 2
+    assert done.stderr.startswith(f"accel-run: warning: {script} uses no Accelerator")
+    quiet = accel_run("--cpu", "--num_processes", "2", "-q", str(script))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_accel_run_test_trains_briefly_on_the_resolved_config(accel_run, tmp_path: Path) -> None:
+    config = tmp_path / "two_cpus.yaml"
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\n")
+    done = accel_run("test", "--config-file", str(config))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "accel-run test: ok: 2 process(es), MULTI_CPU, mixed precision bf16, device cpu"
+    )

@@ -84,8 +84,13 @@ def test_the_guides_fsdp_config_reaches_the_runtime(tmp_path: Path) -> None:
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "BertLayer"
     assert (env["FSDP_SYNC_MODULE_STATES"], env["FSDP_OFFLOAD_PARAMS"]) == ("true", "false")
+    assert "FSDP_BACKWARD_PREFETCH" not in env  # the old _policy key: accelerate sets nothing
+    # Keys the file leaves out get accelerate's launcher defaults, as under `accelerate launch`.
+    assert (env["FSDP_VERSION"], env["FSDP_CPU_RAM_EFFICIENT_LOADING"]) == ("1", "true")
     assert FsdpOptions.from_env(env) == FsdpOptions(
-        auto_wrap_policy="TRANSFORMER_BASED_WRAP", layer_classes=("BertLayer",)
+        auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+        layer_classes=("BertLayer",),
+        min_num_params=100_000_000,
     )
 
 
@@ -206,3 +211,14 @@ def test_env_reports_the_backend_its_version_and_its_variables(
     assert "  deepspeed_config:\n" in report
     assert "    offload_optimizer_device: cpu\n" in report
     assert "- DS_ACCELERATOR=cpu\n- FSDP_VERSION=2" in report
+
+
+def test_hf_is_told_which_deepspeed_settings_came_from_the_config_file(tmp_path: Path) -> None:
+    """HF's plugin refuses config-file settings beside a DeepSpeed JSON; flags it accepts."""
+    keys = "gradient_accumulation_steps,gradient_clipping,offload_optimizer_device,"
+    keys += "offload_param_device,zero3_init_flag,zero_stage"
+    from_file = cfg.child_env(_settings(tmp_path, GUIDE_DEEPSPEED_PLUGIN, "--zero-stage", "3"))
+    assert from_file["ACCELERATE_CONFIG_DS_FIELDS"] == keys + ",mixed_precision"
+    flagged = cfg.child_env(_settings(tmp_path, GUIDE_DEEPSPEED_PLUGIN, "--mixed-precision", "no"))
+    assert flagged["ACCELERATE_CONFIG_DS_FIELDS"] == keys
+    assert "ACCELERATE_USE_CPU" not in flagged

@@ -62,16 +62,44 @@ def test_an_accelerate_default_config_is_read(tmp_path: Path) -> None:
         ("num_processes: 0\n", ":1: num_processes: must be a positive integer, got 0"),
         ("mixed_precision: fp8\n", ":1: mixed_precision: must be one of no, fp16, bf16"),
         ("distributed_type: TPU\n", ":1: distributed_type: must be one of NO, MULTI_CPU"),
-        ("enable_cpu_affinity: true\n", ":1: enable_cpu_affinity: True is not supported"),
+        ("main_training_function: train\n", ":1: main_training_function: 'train' is not"),
+        ("dynamo_config:\n  dynamo_backend: turbo\n", ":1: dynamo_config: dynamo_backend: must"),
+        ("use_cpu: true\n# caf\xe9\n", ":2: not UTF-8 text (byte 0xe9); save it as UTF-8"),
         ("num_processes: [\n", ":2: not valid YAML"),
         ("- 1\n", ":1: a config file must be a mapping"),
     ],
 )
 def test_bad_config_files_name_the_line_and_key(tmp_path: Path, text: str, message: str) -> None:
-    path = _write(tmp_path, text)
+    path = tmp_path / "config.yaml"
+    path.write_bytes(text.encode("latin-1"))  # latin-1: the one case that is not UTF-8
     with pytest.raises(cfg.ConfigError) as err:
         cfg.load_file(path)
     assert str(err.value).startswith(f"{path}{message}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "dynamo_backend: 'NO'\n",  # accelerate's older configs: "NO" means off
+        "dynamo_config: {}\n",
+        "dynamo_config:\n  dynamo_backend: 'NO'\n",
+        "dynamo_config:\n  backend: no\n",  # YAML's no is false: off too
+    ],
+)
+def test_every_spelling_of_dynamo_off_is_read_as_off(tmp_path: Path, text: str) -> None:
+    settings = cfg.resolve(cfg.load_file(_write(tmp_path, text)), {}, lambda: 0)
+    assert settings.dynamo_backend == "NO"
+    assert cfg.child_env(settings)["ACCELERATE_DYNAMO_BACKEND"] == "NO"
+
+
+def test_a_dynamo_section_reaches_hf_accelerates_variables(tmp_path: Path) -> None:
+    text = "dynamo_config:\n  dynamo_backend: inductor\n  dynamo_mode: max-autotune\n"
+    env = cfg.child_env(cfg.resolve(cfg.load_file(_write(tmp_path, text)), {}, lambda: 0))
+    assert (env["ACCELERATE_DYNAMO_BACKEND"], env["ACCELERATE_DYNAMO_MODE"]) == (
+        "INDUCTOR",
+        "max-autotune",
+    )
+    assert env["ACCELERATE_DYNAMO_USE_FULLGRAPH"] == "False"
 
 
 def test_flags_override_the_file_and_the_rest_is_derived(tmp_path: Path) -> None:
@@ -115,7 +143,24 @@ def test_child_env_uses_accelerates_names() -> None:
         "ACCELERATE_USE_CPU": "False",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2",
         "CUDA_VISIBLE_DEVICES": "1",
+        "ACCELERATE_DYNAMO_BACKEND": "NO",
+        "ACCELERATE_DYNAMO_MODE": "default",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
     }
+
+
+def test_a_sharded_backend_on_cpu_never_gets_accelerate_use_cpu() -> None:
+    """HF's Accelerator with ACCELERATE_USE_CPU drops DeepSpeed/FSDP for DDP without a word."""
+    flags = {"use_cpu": True, "num_processes": 2, "num_cpu_threads_per_process": 3}
+    plain = cfg.child_env(cfg.resolve({}, flags, lambda: 0), environ={"OMP_NUM_THREADS": "8"})
+    assert (plain["ACCELERATE_USE_CPU"], plain["OMP_NUM_THREADS"]) == ("True", "3")
+    for kind in cfg.SHARDED_TYPES:
+        sharded = cfg.resolve({}, {**flags, "distributed_type": kind}, lambda: 0)
+        env = cfg.child_env(sharded)
+        assert "ACCELERATE_USE_CPU" not in env
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # use_cpu still means the CPU
 
 
 def test_config_default_writes_what_accel_run_then_reads(
