@@ -3,21 +3,14 @@
 Code cells are joined in order, so a rule sees what an earlier cell did (CUDA touched in cell 2,
 ``notebook_launcher`` in cell 5). IPython syntax is not Python: ``%magic``/``!shell`` lines become
 ``pass`` at the same indentation and ``%%cell`` magics blank out their cell, keeping every other
-line where it was.
+line where it was. Reading the file is :mod:`accelify.transform.ipynb`'s, shared with accel-convert.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 
-from accelify.transform.sources import SourceError
-
-_MAGIC = re.compile(r"^(\s*)([%!?]|\w[\w.,\s]*=\s*[%!])")
-
-
-_CELL_TYPES = frozenset({"code", "markdown", "raw"})
+from accelify.transform import ipynb
 
 
 @dataclass(frozen=True)
@@ -32,46 +25,16 @@ class Notebook:
         return self.places[-1] if self.places else (1, line)
 
 
-def _cells(path: str, text: str) -> list[dict]:
-    """The cells of a notebook in nbformat 4's shape, or a one-line error saying what is off."""
-    try:
-        book = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SourceError(path, err.lineno, f"not a Jupyter notebook: {err.msg}") from None
-    cells = book.get("cells") if isinstance(book, dict) else None
-    if not isinstance(cells, list):
-        raise SourceError(path, 1, 'not a Jupyter notebook: no "cells" list')
-    for index, cell in enumerate(cells, start=1):
-        source = cell.get("source") if isinstance(cell, dict) else None
-        text = isinstance(source, str) or (
-            isinstance(source, list) and all(isinstance(line, str) for line in source)
-        )
-        if not text or cell.get("cell_type") not in _CELL_TYPES:
-            raise SourceError(
-                path,
-                1,
-                f"not a Jupyter notebook: cell {index} of {len(cells)} needs a "
-                "cell_type (code, markdown, raw) and a source (a string or a list of strings)",
-            )
-    return cells
-
-
 def parse(path: str, text: str) -> Notebook:
     """Read the code cells of the notebook JSON ``text``."""
-    cells = _cells(path, text)
     lines: list[str] = []
     places: list[tuple[int, int]] = []
-    number = 0
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        number += 1
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else str(source)
+    for number, cell in enumerate(ipynb.code_cells(ipynb.load(path, text)), start=1):
+        source = ipynb.source_of(cell)
         cell_lines = source.splitlines()
-        skip_cell = bool(cell_lines) and cell_lines[0].lstrip().startswith("%%")
+        skip_cell = ipynb.is_cell_magic(source)
         for index, line in enumerate(cell_lines, start=1):
-            match = _MAGIC.match(line)
-            lines.append("" if skip_cell else f"{match.group(1)}pass" if match else line)
+            indent = ipynb.magic_indent(line)
+            lines.append("" if skip_cell else f"{indent}pass" if indent is not None else line)
             places.append((number, index))
     return Notebook("".join(f"{line}\n" for line in lines), tuple(places))

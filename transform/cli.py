@@ -23,6 +23,7 @@ from rich.text import Text
 from accelify.transform import console as term
 from accelify.transform.convert import Result, convert
 from accelify.transform.lines import LineMap
+from accelify.transform.notebook import NotebookResult, convert_notebook
 from accelify.transform.plan import MixedPrecision, Options, Target
 from accelify.transform.sources import (
     STDIN,
@@ -46,7 +47,9 @@ left alone and reported as "needs a human" with its line.
 
 With one file and no mode, the converted source is printed (in the file's own encoding);
 several files need --inplace, --diff or --check. Each PATH is a file or a folder (walked for
-*.py files, skipping hidden folders and git-ignored files); - reads standard input.
+*.py files, skipping hidden folders and git-ignored files; --check and --diff also walk for
+*.ipynb notebooks, which are rewritten only when named); - reads standard input. A notebook's code
+cells are converted as one script and reported as path:cell N:line.
 
 Exit status: 0 done or nothing to change, 1 --check or --diff found changes, 2 an error
 (errors win).
@@ -107,6 +110,15 @@ def _command(  # typer passes every parameter by name
     gradient_accumulation_steps: Annotated[
         int | None, typer.Option(min=1, metavar="N", help="Accumulate gradients over N steps.")
     ] = None,
+    notebook_launcher: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Notebooks: move the training into a function run on N processes by "
+            "notebook_launcher.",
+        ),
+    ] = None,
     jobs: Annotated[
         int,
         typer.Option(
@@ -139,10 +151,11 @@ def _command(  # typer passes every parameter by name
         return term.usage_error(PROG, "--output-format github goes with --check")
     options = Options(target, mixed_precision, gradient_accumulation_steps)
     report = _Report(quiet=quiet, mode=mode, github=output_format == "github")
-    names = list(iter_paths(paths))
+    names = list(iter_paths(paths, _walked_suffixes(mode)))
     loaded = [_load(path, stdin_filename) for path in names]
     sources = [item for item in loaded if isinstance(item, Source)]
-    results = term.parallel_map(partial(_convert_one, options=options), sources, jobs)
+    convert_one = partial(_convert_one, options=options, launcher=notebook_launcher)
+    results = term.parallel_map(convert_one, sources, jobs)
     for path, item in zip(names, loaded, strict=True):
         outcome = item if isinstance(item, SourceError) else next(results)
         if isinstance(outcome, SourceError):
@@ -178,6 +191,12 @@ def _mode(paths: list[str], chosen: list[str], output: str | None) -> Mode:
     return modes.get(chosen[0], "output") if chosen else "print"
 
 
+def _walked_suffixes(mode: Mode) -> tuple[str, ...]:
+    """Folders give up their notebooks only to read-only modes: rewriting one leaves its outputs
+    stale, which its author should choose by naming it."""
+    return (".py", ".ipynb") if mode in ("check", "diff") else (".py",)
+
+
 def _load(path: str, stdin_filename: str | None) -> Source | SourceError:
     """The source, or its one-line error; standard input under ``--stdin-filename`` if given."""
     try:
@@ -189,9 +208,13 @@ def _load(path: str, stdin_filename: str | None) -> Source | SourceError:
     return replace(source, path=stdin_filename) if path == STDIN and stdin_filename else source
 
 
-def _convert_one(source: Source, options: Options) -> Result | SourceError:
+def _convert_one(source: Source, options: Options, launcher: int | None) -> Result | SourceError:
     """Module-level so worker processes can run it; the error is returned so the others go on."""
     try:
+        if source.path.endswith(".ipynb"):
+            return convert_notebook(source.text, options, source.path, launcher)
+        if launcher is not None:
+            return SourceError(source.path, 0, "--notebook-launcher is for notebooks (.ipynb)")
         return convert(source.text, options, path=source.path)
     except SourceError as err:
         return err
@@ -243,9 +266,17 @@ def _print_diff(before: str, after: str, path: str) -> None:
 
 def github_annotations(path: str, result: Result) -> Iterator[str]:
     """``--check --output-format github``: one warning per block of lines that would change (the
-    change as -/+ lines, with the notes about it) and one per place that needs a human."""
+    change as -/+ lines, with the notes about it) and one per place that needs a human.
+
+    A notebook's changes are annotated on its JSON lines; its notes, whose lines are its cells',
+    name the cell and sit on the file's first line."""
+    notebook = isinstance(result, NotebookResult)
     for first, last, removed, added in LineMap(result.original, result.code).hunks():
-        about = [n.message for n in result.notes if not n.manual and first <= n.line <= last]
+        about = [
+            n.message
+            for n in result.notes
+            if not n.manual and first <= n.line <= last and not notebook
+        ]
         change = [f"-{line}" for line in removed] + [f"+{line}" for line in added]
         yield term.github_annotation(
             "warning",
@@ -257,11 +288,12 @@ def github_annotations(path: str, result: Result) -> Iterator[str]:
         )
     for note in result.notes:
         if note.manual:
+            where = f"{_where(result, note.line, None)[0]}: " if notebook else ""
             yield term.github_annotation(
                 "warning",
-                note.message,
+                where + note.message,
                 file=path,
-                line=max(note.line, 1),
+                line=1 if notebook else max(note.line, 1),
                 title="accel-convert needs a human",
             )
 
@@ -292,10 +324,7 @@ class _Report:
             self.manual += note.manual
             if self.quiet and not note.manual:
                 continue
-            line, was = note.line, ""
-            if moved is not None:
-                line = moved.new_line(note.line)
-                was = f" (was line {note.line})" if line != note.line else ""
+            line, was = _where(result, note.line, moved)
             tag = ("needs a human: ", "yellow") if note.manual else ""
             where = (f"{written or path}:{line}: ", "bold")
             self.err.print(Text.assemble(where, tag, note.message, was))
@@ -327,6 +356,18 @@ class _Report:
         if self.errors:
             return term.EXIT_ERROR
         return term.EXIT_FOUND if self.dry and self.changed else term.EXIT_OK
+
+
+def _where(result: Result, line: int, moved: LineMap | None) -> tuple[str, str]:
+    """A note's ``line`` (``cell N:line`` in a notebook), moved into the written file when
+    ``moved`` is given, and where it was if it moved."""
+    if isinstance(result, NotebookResult):
+        cell, at = result.place(line)
+        new_cell, new_at = result.place(line, written=moved is not None)
+        was = f" (was cell {cell}:{at})" if (new_cell, new_at) != (cell, at) else ""
+        return f"cell {new_cell}:{new_at}", was
+    new = moved.new_line(line) if moved is not None else line
+    return str(new), f" (was line {line})" if new != line else ""
 
 
 def _plural(count: int, noun: str) -> str:

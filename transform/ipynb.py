@@ -1,0 +1,92 @@
+"""Jupyter notebook files as JSON, shared by accel-convert and accel-lint: reading the cells,
+telling IPython syntax from Python, naming a place as ``path:cell N:line``, and writing the JSON
+back in the layout it came in.
+
+Cells are numbered among code cells (1-based), as both tools report them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from accelify.transform.sources import SourceError
+
+# A line IPython runs but Python cannot parse: ``%magic``, ``!shell``, ``?help``, ``x = %magic``.
+_MAGIC = re.compile(r"^(\s*)([%!?]|\w[\w.,\s]*=\s*[%!])")
+_CELL_TYPES = frozenset({"code", "markdown", "raw"})
+_INDENT = re.compile(r"\{\r?\n([ \t]+)")
+_LINE = re.compile(r"[^\n]*\n|[^\n]+")  # split after "\n" only, as Jupyter stores lines
+
+Cell = dict[str, Any]
+
+
+def located(path: str, cell: int, line: int, message: str) -> SourceError:
+    """The one-line error at ``line`` of code cell ``cell``: ``path:cell N:line: message``."""
+    return SourceError(f"{path}:cell {cell}", line, message)
+
+
+def load(path: str, text: str) -> dict[str, Any]:
+    """The notebook JSON ``text`` in nbformat 4's shape, or a one-line error saying what is off."""
+    try:
+        book = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SourceError(path, err.lineno, f"not a Jupyter notebook: {err.msg}") from None
+    cells = book.get("cells") if isinstance(book, dict) else None
+    if not isinstance(cells, list):
+        raise SourceError(path, 1, 'not a Jupyter notebook: no "cells" list')
+    for index, cell in enumerate(cells, start=1):
+        source = cell.get("source") if isinstance(cell, dict) else None
+        text_ok = isinstance(source, str) or (
+            isinstance(source, list) and all(isinstance(line, str) for line in source)
+        )
+        if not text_ok or cell.get("cell_type") not in _CELL_TYPES:
+            raise SourceError(
+                path,
+                1,
+                f"not a Jupyter notebook: cell {index} of {len(cells)} needs a "
+                "cell_type (code, markdown, raw) and a source (a string or a list of strings)",
+            )
+    return book
+
+
+def code_cells(book: dict[str, Any]) -> list[Cell]:
+    """The code cells, in order: cell N of a report is ``code_cells(book)[N - 1]``."""
+    return [cell for cell in book["cells"] if cell["cell_type"] == "code"]
+
+
+def source_of(cell: Cell) -> str:
+    """A cell's source as one string, whichever form the file stores it in."""
+    source = cell["source"]
+    return "".join(source) if isinstance(source, list) else source
+
+
+def with_source(cell: Cell, text: str) -> Cell:
+    """``cell`` holding ``text``, stored in the form its source came in (one string or lines)."""
+    if isinstance(cell["source"], str):
+        return {**cell, "source": text}
+    return {**cell, "source": _LINE.findall(text)}
+
+
+def is_cell_magic(source: str) -> bool:
+    """A ``%%magic`` cell: the whole cell is another language (shell, HTML, timing harness)."""
+    return source.split("\n", 1)[0].lstrip().startswith("%%")
+
+
+def magic_indent(line: str) -> str | None:
+    """The indentation of an IPython line (``%``/``!``/``?``), or None for a Python line."""
+    match = _MAGIC.match(line)
+    return match.group(1) if match else None
+
+
+def dump(book: dict[str, Any], like: str) -> str:
+    """``book`` as JSON in the layout of the file text ``like``: its indentation, its escaping of
+    non-ASCII text, its final newline. Key order is the dict's, which ``json.loads`` kept."""
+    indent = _INDENT.match(like.lstrip())
+    text = json.dumps(
+        book,
+        indent=indent.group(1) if indent else None,
+        ensure_ascii=like.isascii(),
+    )
+    return text + like[len(like.rstrip()) :]
