@@ -39,6 +39,16 @@ PREPARE_ONE = {
 }
 # Calls that pass a loader's batches through unchanged: ``for i, batch in enumerate(tqdm(loader))``.
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
+# Hook registrations on the accelerator, and the call that runs each kind of hook.
+_HOOK_EVENTS = {
+    "register_save_state_pre_hook": "save_state",
+    "register_load_state_pre_hook": "load_state",
+}
+_HOOK_NAMES = frozenset(_HOOK_EVENTS) | frozenset(_HOOK_EVENTS.values())
+# Calls whose result yields the same batches as the loader they are given.
+_SAME_BATCHES = frozenset({"iter", "skip_first_batches"})
+# Calls that read a loader without running a pass over it for training.
+_LOADER_READERS = _ITER_WRAPPERS | {"len", "next"}
 _EXITS = (cst.Return, cst.Continue, cst.Break, cst.Raise)
 _MODEL_WORDS = ("model", "net", "module", "encoder", "decoder", "unet", "vae", "transformer")
 
@@ -69,6 +79,36 @@ class Where:
 
 
 @dataclass(eq=False)
+class Loop:
+    """A ``for`` or ``while`` loop and what runs on each of its iterations.
+
+    Only a loop that steps an optimizer (or runs a backward pass) itself is a batch loop; one
+    that does not, but runs such a loop, a function with such a loop, or hands a prepared loader
+    to a call, repeats a whole training pass per iteration: an epoch loop. A function that takes
+    one step (``train_step(model, batch, optimizer)``), even over micro-batches, is no training
+    pass: its loop must run over a loader (or be a ``while``) to count.
+    """
+
+    node: cst.For | cst.While
+    passes: bool  # runs over a loader, or a ``while``: what a training pass looks like
+    trains: bool = False  # an optimizer step or a backward pass at this loop's own level
+    inner_trains: bool = False  # a loop inside it trains
+    hands_over: bool = False  # passes a prepared loader to a call
+    calls: set[str] = field(default_factory=set)  # names of the functions it calls
+
+
+_Bindings = tuple[dict[str, "Prepared | None"], dict[str, "Prepared | None"]]  # prepared, parts
+
+
+def _agree(one: _Bindings, other: _Bindings) -> _Bindings:
+    """What is known after two paths join: a binding both paths agree on, else unknown."""
+    joined: list[dict[str, Prepared | None]] = []
+    for a, b in zip(one, other, strict=True):
+        joined.append({k: a.get(k) if a.get(k) == b.get(k) else None for k in a.keys() | b.keys()})
+    return joined[0], joined[1]
+
+
+@dataclass(eq=False)
 class _Scope:
     node: cst.Module | cst.FunctionDef
     params: frozenset[str]
@@ -78,6 +118,9 @@ class _Scope:
     prepared: dict[str, Prepared | None] = field(default_factory=dict)
     parts: dict[str, Prepared | None] = field(default_factory=dict)  # batch name -> its loader
     accelerators: set[str] = field(default_factory=set)
+    loops: list[Loop] = field(default_factory=list)  # the open loops, innermost last
+    # Per open ``if``: the bindings before it, and at the end of its body once the else starts.
+    paths: list[tuple[_Bindings, _Bindings | None]] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)  # per open block: guards added by early exits
 
 
@@ -147,6 +190,53 @@ def prepare_call(value: cst.BaseExpression | None, facts: Facts) -> cst.Call | N
     return None
 
 
+# Accelerator methods every process must call together; the sharded ones only under
+# DeepSpeed/FSDP, where they gather or scatter shards (with DDP they run alone).
+SHARDED_COLLECTIVES = frozenset({"save_state", "load_state", "save_model", "get_state_dict"})
+ACCELERATOR_COLLECTIVES = SHARDED_COLLECTIVES | {
+    "gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone",
+    "broadcast",
+}  # fmt: skip
+DIST_COLLECTIVES = frozenset(
+    {
+        "barrier", "all_reduce", "all_gather", "all_gather_object", "broadcast",
+        "broadcast_object_list", "reduce", "gather", "scatter", "all_to_all", "reduce_scatter",
+    }
+)  # fmt: skip
+_DIST_MODULES = frozenset({"dist", "torch.distributed"})
+
+
+def collective(call: cst.Call, facts: Facts) -> str | None:
+    """The method name when ``call`` is a collective (``accelerator.gather``, ``dist.barrier``)."""
+    func = call.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    method = func.attr.value
+    if (method in ACCELERATOR_COLLECTIVES and facts.is_accelerator(func.value)) or (
+        method in DIST_COLLECTIVES and dotted_name(func.value) in _DIST_MODULES
+    ):
+        return method
+    return None
+
+
+class _FirstCollective(cst.CSTVisitor):
+    def __init__(self, facts: Facts) -> None:
+        super().__init__()
+        self.facts = facts
+        self.found: str | None = None
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        self.found = self.found or collective(node, self.facts)
+        return self.found is None
+
+
+def first_collective(node: cst.CSTNode, facts: Facts) -> str | None:
+    """The first collective called anywhere in ``node`` (its method name), else None."""
+    finder = _FirstCollective(facts)
+    node.visit(finder)
+    return finder.found
+
+
 def _exits(block: cst.BaseSuite) -> bool:
     """Whether ``block`` ends by leaving: return/continue/break/raise or ``sys.exit()``."""
     lines = block.body
@@ -171,8 +261,12 @@ class Facts:
         self.loader_loops: list[tuple[cst.For, Prepared]] = []
         self._scopes: list[_Scope] = []
         self._sites: list[tuple[str, Where]] = []  # a function name called or passed, and where
+        # ``accelerator.register_save_state_pre_hook(f)``: f runs where ``save_state`` runs.
+        self._hooks: list[tuple[str, str]] = []  # (accelerator method, function name)
+        self._hooked_calls: list[tuple[str, Where]] = []  # (accelerator method, where)
         self._reach: dict[cst.FunctionDef, set[str]] | None = None
         self._guard_aliases: dict[str, int] = {}
+        self._training_functions: set[str] = set()  # names of functions with a training pass
 
     # -- questions rules ask -------------------------------------------------------------------
 
@@ -231,6 +325,18 @@ class Facts:
         reach = self._reachability().get(where.function, set())
         return next((kind for kind in ("all", "main", "others") if kind in reach), "unknown")
 
+    def innermost_loop(self) -> Loop | None:
+        """The innermost loop around this point in the current function."""
+        loops = self._scopes[-1].loops
+        return loops[-1] if loops else None
+
+    def repeats_training(self, loop: Loop) -> bool:
+        """Whether ``loop`` is an epoch loop: each iteration runs a training pass it does not
+        step itself. Final only once the module is read (``leave_Module``)."""
+        return not loop.trains and (
+            loop.inner_trains or loop.hands_over or bool(loop.calls & self._training_functions)
+        )
+
     def called_with_accelerator(self, function: cst.FunctionDef | None) -> bool:
         """Whether some call of ``function`` in this file has an accelerator in sight."""
         if function is None:
@@ -269,12 +375,19 @@ class Facts:
 
     def visit_If_body(self, node: cst.If) -> None:
         self._enter_branch(node, 1)
+        scope = self._scopes[-1]
+        scope.paths.append(((dict(scope.prepared), dict(scope.parts)), None))
 
     def leave_If_body(self, node: cst.If) -> None:
         self._leave_branch()
 
     def visit_If_orelse(self, node: cst.If) -> None:
+        """The else branch starts from what was known before the ``if``, not after its body."""
         self._enter_branch(node, -1)
+        scope = self._scopes[-1]
+        before, _ = scope.paths[-1]
+        scope.paths[-1] = (before, (scope.prepared, scope.parts))
+        scope.prepared, scope.parts = dict(before[0]), dict(before[1])
 
     def leave_If_orelse(self, node: cst.If) -> None:
         self._leave_branch()
@@ -295,20 +408,37 @@ class Facts:
 
     def leave_If(self, node: cst.If) -> None:
         """``if not accelerator.is_main_process: return`` guards the rest of the block."""
+        self._join_paths(node)
         polarity = guard_polarity(node.test, self._guard_aliases)
         if _exits(node.body) and node.orelse is None and polarity < 0:
             scope = self._scopes[-1]
             scope.guard += 1
             scope.exits[-1] += 1
 
+    def _join_paths(self, node: cst.If) -> None:
+        """After an ``if``, a name is prepared only if every path that goes on says so: a model
+        prepared in one branch and moved by hand in the other is neither for sure."""
+        scope = self._scopes[-1]
+        before, body = scope.paths.pop()
+        here = (scope.prepared, scope.parts)
+        body, other = (here, before) if body is None else (body, here)
+        else_exits = isinstance(node.orelse, cst.Else) and _exits(node.orelse.body)
+        if _exits(node.body) != else_exits:
+            scope.prepared, scope.parts = other if _exits(node.body) else body
+        else:
+            scope.prepared, scope.parts = _agree(body, other)
+
     # -- bindings -------------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
+        if self._note_hook(node):
+            return
         if isinstance(node.func, cst.Name):
             self._sites.append((node.func.value, self.where()))
         for arg in node.args:
             if isinstance(arg.value, cst.Name):
                 self._sites.append((arg.value.value, self.where()))
+        self._note_training(node)
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in {
             "parameters",
             "named_parameters",
@@ -341,6 +471,73 @@ class Facts:
     def leave_For(self, node: cst.For) -> None:
         if self.loader_loops and self.loader_loops[-1][0] is node:
             self.loader_loops.pop()
+        self._close_loop()
+
+    def visit_For_body(self, node: cst.For) -> None:
+        iterable = node.iter
+        while isinstance(iterable, cst.Call) and callee_name(iterable) in _ITER_WRAPPERS:
+            if not iterable.args:
+                break
+            iterable = iterable.args[0].value
+        role = self.role(iterable) or name_role(dotted_name(iterable))
+        self._scopes[-1].loops.append(Loop(node, role is Role.DATALOADER))
+
+    def visit_While_body(self, node: cst.While) -> None:
+        self._scopes[-1].loops.append(Loop(node, True))
+
+    def leave_While(self, node: cst.While) -> None:
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        """What a loop runs, its enclosing loop runs too."""
+        loops = self._scopes[-1].loops
+        inner = loops.pop()
+        if loops:
+            outer = loops[-1]
+            outer.inner_trains |= inner.trains or inner.inner_trains
+            outer.hands_over |= inner.hands_over
+            outer.calls |= inner.calls
+
+    def _note_hook(self, call: cst.Call) -> bool:
+        """Record a hook registered on the accelerator (True), or a call that runs hooks."""
+        func = call.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in _HOOK_NAMES:
+            return False
+        if not self.is_accelerator(func.value):
+            return False
+        event = _HOOK_EVENTS.get(func.attr.value)
+        if event is not None and call.args and isinstance(call.args[0].value, cst.Name):
+            self._hooks.append((event, call.args[0].value.value))
+            return True
+        if event is None:
+            self._hooked_calls.append((func.attr.value, self.where()))
+        return False
+
+    def _note_training(self, call: cst.Call) -> None:
+        """A training step (``optimizer.step()``, a backward pass) or another call in a loop."""
+        scope = self._scopes[-1]
+        if not scope.loops:
+            return
+        loop = scope.loops[-1]
+        func = call.func
+        receiver = func.value if isinstance(func, cst.Attribute) else None
+        method = callee_name(call)
+        trains = method == "backward" or (
+            method == "step"
+            and receiver is not None
+            and (self.role(receiver) or name_role(dotted_name(receiver))) is Role.OPTIMIZER
+        )
+        if trains:
+            loop.trains = True
+            if loop.passes and isinstance(scope.node, cst.FunctionDef):
+                self._training_functions.add(scope.node.name.value)
+        elif method is not None:
+            loop.calls.add(method)
+        if method not in _LOADER_READERS and not (receiver and self.is_accelerator(receiver)):
+            loop.hands_over |= any(
+                (p := self.prepared(a.value)) is not None and p.role is Role.DATALOADER
+                for a in call.args
+            )
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
@@ -349,6 +546,7 @@ class Facts:
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         scope = self._scopes[-1]
         names = list(target_names(target))
+        same, batch = self._same_object(value), self._batch_source(value)  # before rebinding
         self._forget(names)
         if isinstance(value, cst.Call) and callee_name(value) == "Accelerator" and names:
             self.accelerators[names[0]] = value
@@ -372,17 +570,44 @@ class Facts:
             for name, arg in zip(names, call.args, strict=True):
                 self._set_prepared(name, arg.value, call, None)
             return
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and names:
-            method = value.func.attr.value
-            if method in PREPARE_ONE and value.args and self.is_accelerator(value.func.value):
-                self._set_prepared(names[0], value.args[0].value, value, PREPARE_ONE[method])
-            elif method == "skip_first_batches" and value.args:
-                loader = self.prepared(value.args[0].value)
-                scope.prepared[names[0]] = loader
-        source = value.value if isinstance(value, (cst.Subscript, cst.Attribute)) else value
-        loader = self.batch_of(source) if isinstance(source, (cst.Name, cst.Attribute)) else None
+        one = self._prepare_one(value)
+        if names and one is not None:
+            role = PREPARE_ONE.get(callee_name(one) or "")
+            self._set_prepared(names[0], one.args[0].value, one, role)
+        elif len(names) == 1:
+            scope.prepared[names[0]] = same
         for name in names:
-            scope.parts[name] = loader
+            scope.parts[name] = batch
+
+    def _prepare_one(self, value: cst.BaseExpression) -> cst.Call | None:
+        """``value`` as ``accelerator.prepare_model(x)`` (or ``_optimizer``, ...), else None."""
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in PREPARE_ONE
+            and value.args
+            and self.is_accelerator(value.func.value)
+        ):
+            return value
+        return None
+
+    def _same_object(self, value: cst.BaseExpression) -> Prepared | None:
+        """The prepared object ``value`` still is: another name for it (``active = loader``),
+        or the same batches (``iter(loader)``, ``accelerator.skip_first_batches(loader, n)``)."""
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            return self.prepared(value)
+        if isinstance(value, cst.Call) and value.args and callee_name(value) in _SAME_BATCHES:
+            loader = self.prepared(value.args[0].value)
+            return loader if loader is not None and loader.role is Role.DATALOADER else None
+        return None
+
+    def _batch_source(self, value: cst.BaseExpression) -> Prepared | None:
+        """The prepared loader whose batch ``value`` is: ``next(it)``, ``batch["x"]``, ``b.x``."""
+        if isinstance(value, cst.Call) and callee_name(value) == "next" and value.args:
+            loader = self.prepared(value.args[0].value)
+            return loader if loader is not None and loader.role is Role.DATALOADER else None
+        source = value.value if isinstance(value, (cst.Subscript, cst.Attribute)) else value
+        return self.batch_of(source) if isinstance(source, (cst.Name, cst.Attribute)) else None
 
     def _set_prepared(
         self, name: str, arg: cst.BaseExpression, call: cst.Call, role: Role | None
@@ -432,15 +657,25 @@ class Facts:
                 return None
         return None
 
+    def _hook_sites(self) -> list[tuple[str, Where]]:
+        """A registered hook is called wherever the call that runs it is."""
+        return [
+            (function, where)
+            for event, function in self._hooks
+            for method, where in self._hooked_calls
+            if method == event
+        ]
+
     def _reachability(self) -> dict[cst.FunctionDef, set[str]]:
         """For each function: does some call run it on all processes, on the main one, or both."""
         if self._reach is not None:
             return self._reach
         reach: dict[cst.FunctionDef, set[str]] = {}
+        sites = self._sites + self._hook_sites()
         changed = True
         while changed:
             changed = False
-            for name, where in self._sites:
+            for name, where in sites:
                 for function in self.functions.get(name, ()):
                     if where.function is function:
                         continue

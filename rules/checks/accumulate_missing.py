@@ -8,7 +8,7 @@ from accelify.rules.facts import Facts, name_role
 from accelify.rules.rule import Invalid, Report, Rule, Severity
 from accelify.transform.patterns import Role, callee_name, keyword_arg
 
-# Calls that show the script handles gradient sync itself.
+# Names that show the script handles gradient sync itself, called or not (``ctx = model.no_sync``).
 _ACCUMULATION_APIS = frozenset({"accumulate", "no_sync"})
 
 
@@ -24,7 +24,8 @@ class AccumulateMissing(Rule):
     Without `accumulate()`, `gradient_accumulation_steps` still divides every loss by N but the
     optimizer steps on every batch: a silent N-fold learning-rate cut. The manual modulo loop
     all-reduces gradients on every micro-batch instead of once per step, wasting most of the
-    communication, and its last partial window is never stepped.
+    communication (the result is right: this half is a suggestion). A script that syncs by hand
+    with `model.no_sync` (HF's autoregressive accumulation example) is left alone.
 
     ## Example
     ```python
@@ -57,6 +58,12 @@ class AccumulateMissing(Rule):
         "        optimizer.step()  # no Accelerator",
         "accelerator = Accelerator()\nfor i, b in enumerate(dl):\n    if i % 100 == 0:\n"
         "        print(i)",
+        # Syncs by hand: `no_sync` taken as a context factory, not called where it is named.
+        "def main():\n    accelerator = Accelerator(gradient_accumulation_steps=accum)\n"
+        "    for update in range(steps):\n        for i, batch in enumerate(micro_batches):\n"
+        "            ctx = model.no_sync if i < len(micro_batches) - 1 else nullcontext\n"
+        "            with ctx():\n                accelerator.backward(model(batch) * accum)\n"
+        "        optimizer.step()",
     )
     INVALID = (
         Invalid(
@@ -68,6 +75,20 @@ class AccumulateMissing(Rule):
             "for i, b in enumerate(dl):\n    if (i + 1) % accum == 0:\n"
             "        optimizer.step()\n        optimizer.zero_grad()\n"
         ),
+        Invalid(
+            "class Trainer:\n    def fit(self):\n"
+            "        self.accelerator = Accelerator(gradient_accumulation_steps=self.accum)\n"
+            "        for batch in self.loader:\n"
+            "            self.accelerator.backward(self.model(batch))\n"
+            "            self.optimizer.step()\n"
+        ),
+        Invalid(
+            "def main():\n    accelerator = Accelerator()\n    for epoch in range(3):\n"
+            "        for step, batch in enumerate(train_dl):\n"
+            "            accelerator.backward(model(batch) / accum)\n"
+            "            if step % accum == 0 or step == len(train_dl) - 1:\n"
+            "                opt.step()\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
@@ -76,6 +97,10 @@ class AccumulateMissing(Rule):
         self._steps_asked: list[cst.Arg] = []
         self._manual: list[cst.BaseExpression] = []
         self._modulo_ifs: list[cst.If] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value in _ACCUMULATION_APIS:
+            self._uses_accumulate = True
 
     def visit_Call(self, node: cst.Call) -> None:
         name = callee_name(node)
@@ -114,8 +139,9 @@ class AccumulateMissing(Rule):
             for test in self._manual:
                 self.report(
                     test,
-                    "manual gradient accumulation syncs gradients on every batch; use "
-                    "`Accelerator(gradient_accumulation_steps=N)` and `accelerator.accumulate`",
+                    "manual gradient accumulation all-reduces gradients on every batch; "
+                    "`Accelerator(gradient_accumulation_steps=N)` with `accelerator.accumulate` "
+                    "would sync once per step",
                 )
 
 

@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.facts import Facts, Where
+from accelify.rules.facts import SHARDED_COLLECTIVES, Facts, Where, collective
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import dotted_name
-
-# Accelerator methods every process must call together.
-ACCELERATOR_COLLECTIVES = frozenset(
-    {
-        "gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone",
-        "save_state", "load_state", "save_model", "get_state_dict", "broadcast",
-    }
-)  # fmt: skip
-DIST_COLLECTIVES = frozenset(
-    {
-        "barrier", "all_reduce", "all_gather", "all_gather_object", "broadcast",
-        "broadcast_object_list", "reduce", "gather", "scatter", "all_to_all", "reduce_scatter",
-    }
-)  # fmt: skip
-_DIST_MODULES = frozenset({"dist", "torch.distributed"})
 
 
 class CollectiveInMainOnly(Rule):
-    """A collective called on the main process only: a guaranteed hang.
+    """A collective called on the main process only: a hang.
 
     ## What it does
     Flags `accelerator.gather`/`gather_for_metrics`/`reduce`/`wait_for_everyone`/`save_state`/
@@ -35,8 +19,9 @@ class CollectiveInMainOnly(Rule):
     ## Why is this bad?
     A collective returns only when every process has entered it. The other processes never get
     there, so the main process waits forever (until the NCCL timeout kills the job, 30 minutes
-    of idle GPUs later). Under DeepSpeed/FSDP, `save_model`/`get_state_dict` gather shards, so
-    they are collectives too.
+    of idle GPUs later). `save_state`/`load_state`/`save_model`/`get_state_dict` are collectives
+    under DeepSpeed/FSDP, where they gather or scatter shards; with DDP they run alone, so for
+    them the hang comes with those backends (the message says so).
 
     ## Example
     ```python
@@ -65,6 +50,11 @@ class CollectiveInMainOnly(Rule):
         "else:\n    pass\naccelerator.wait_for_everyone()",
         "accelerator = Accelerator()\n\ndef evaluate():\n    return accelerator.gather(x)\n\n"
         "evaluate()\nif accelerator.is_main_process:\n    print(1)",
+        # diffusers' newer scripts: DeepSpeed's processes all enter the branch.
+        "def main():\n    accelerator = Accelerator()\n    for step in range(10):\n"
+        "        if accelerator.is_main_process or accelerator.distributed_type == "
+        "DistributedType.DEEPSPEED:\n"
+        "            accelerator.save_state(f'checkpoint-{step}')",
     )
     INVALID = (
         Invalid(
@@ -81,6 +71,20 @@ class CollectiveInMainOnly(Rule):
             "    accelerator.save_model(model, 'out')\n\n"
             "if accelerator.is_local_main_process:\n    finish(model)\n"
         ),
+        Invalid(  # diffusers' checkpointing shape: in the update loop, under two conditions
+            "def main(args):\n    accelerator = Accelerator()\n"
+            "    for step, batch in enumerate(train_dataloader):\n"
+            "        if accelerator.sync_gradients:\n"
+            "            if accelerator.is_main_process:\n"
+            "                if step % args.checkpointing_steps == 0:\n"
+            "                    accelerator.save_state(f'checkpoint-{step}')\n"
+        ),
+        Invalid(
+            "from accelerate import Accelerator\n\n\nclass Trainer:\n"
+            "    def evaluate(self, preds):\n"
+            "        is_main = self.accelerator.is_main_process\n        if is_main:\n"
+            "            return [self.accelerator.gather(p) for p in preds]\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
@@ -88,14 +92,8 @@ class CollectiveInMainOnly(Rule):
         self._candidates: list[tuple[cst.Call, Where, str]] = []
 
     def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if not isinstance(func, cst.Attribute):
-            return
-        method = func.attr.value
-        receiver = dotted_name(func.value)
-        if (method in ACCELERATOR_COLLECTIVES and self.facts.is_accelerator(func.value)) or (
-            method in DIST_COLLECTIVES and receiver in _DIST_MODULES
-        ):
+        method = collective(node, self.facts)
+        if method is not None:
             self._candidates.append((node, self.facts.where(), method))
 
     def leave_Module(self, node: cst.Module) -> None:
@@ -107,8 +105,16 @@ class CollectiveInMainOnly(Rule):
             runs_on = self.facts.runs_on(where)
             if runs_on in ("main", "others"):
                 who = "the main process only" if runs_on == "main" else "all but the main process"
-                self.report(
-                    call,
-                    f"`{method}` is a collective but runs on {who}: the job hangs; "
-                    "call it on every process",
-                )
+                self.report(call, _message(method, who))
+
+
+def _message(method: str, who: str) -> str:
+    """Say when the hang happens: always, or with the backends that shard the model."""
+    if method not in SHARDED_COLLECTIVES:
+        return (
+            f"`{method}` is a collective but runs on {who}: the job hangs; call it on every process"
+        )
+    return (
+        f"`{method}` runs on {who}, but under DeepSpeed/FSDP it gathers shards from every "
+        "process: the job hangs there; call it on every process (it writes on the main one)"
+    )

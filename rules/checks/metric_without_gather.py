@@ -80,6 +80,15 @@ class MetricWithoutGather(Rule):
         "accelerator = Accelerator()\neval_dl = accelerator.prepare(eval_dl)\nlosses = []\n"
         "for batch in eval_dl:\n    loss = model(batch)\n"
         "    losses.append(accelerator.gather_for_metrics(loss.repeat(8)))",
+        # A branch for a backend whose losses are already averaged, beside the gathering one.
+        "def evaluate(accelerator, model, eval_dataloader):\n"
+        "    eval_dataloader = accelerator.prepare(eval_dataloader)\n    losses = []\n"
+        "    for step, batch in enumerate(eval_dataloader):\n"
+        "        loss = model(**batch).loss\n"
+        "        if accelerator.distributed_type == DistributedType.MEGATRON_LM:\n"
+        "            losses.append(loss)\n        else:\n"
+        "            losses.append(accelerator.gather_for_metrics(loss.repeat(8)))\n"
+        "    return losses\n\naccelerator = Accelerator()",
     )
     INVALID = (
         Invalid(
@@ -94,6 +103,23 @@ class MetricWithoutGather(Rule):
             "        correct += (model(x).argmax(-1) == y).sum().item()\n"
             "print(correct / len(dataset))\n"
         ),
+        Invalid(
+            "class Evaluator:\n    def run(self, model, test_loader):\n"
+            "        accelerator = Accelerator()\n"
+            "        model, test_loader = accelerator.prepare(model, test_loader)\n"
+            "        active = test_loader\n        scores = []\n"
+            "        for step, batch in enumerate(active):\n"
+            "            if self.verbose:\n"
+            "                scores.append(model(batch).max())\n"
+        ),
+        Invalid(  # in a function, through a comprehension
+            "def evaluate(accelerator, model, val_loader):\n"
+            "    val_loader = accelerator.prepare(val_loader)\n    scores = []\n"
+            "    with torch.no_grad():\n        for batch in val_loader:\n"
+            "            preds = model(batch['x']).argmax(-1)\n"
+            "            scores.extend([int(p == y) for p, y in zip(preds, batch['y'])])\n"
+            "    return sum(scores) / len(scores)\n\n\naccelerator = Accelerator()\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
@@ -102,6 +128,9 @@ class MetricWithoutGather(Rule):
         self._loops: list[_Loop] = []
         self._probes: list[_Probe] = []
         self._gathered_names: set[str] = set()
+        # Accumulators fed gathered values on some path: the script gathers on purpose, and a
+        # branch that appends local values (Megatron-LM's already averaged losses) is its choice.
+        self._gathered_into: set[str] = set()
         self._in_gather = 0
         self._candidates: list[tuple[cst.CSTNode, str, str | None]] = []
 
@@ -151,10 +180,12 @@ class MetricWithoutGather(Rule):
             self._in_gather -= 1
         if self._loops and self._is_sink(node):
             probe = self._probes.pop()
+            receiver = dotted_name(node.func.value)  # type: ignore[attr-defined]
+            accumulator = receiver if node.func.attr.value in {"append", "extend"} else None  # type: ignore[attr-defined]
             if probe.tainted and not probe.gathered:
-                receiver = dotted_name(node.func.value)  # type: ignore[attr-defined]
-                accumulator = receiver if node.func.attr.value in {"append", "extend"} else None  # type: ignore[attr-defined]
                 self._candidates.append((node, self._loops[-1].loader, accumulator))
+            elif probe.gathered and accumulator is not None:
+                self._gathered_into.add(accumulator)
 
     def _is_sink(self, node: cst.Call) -> bool:
         if not isinstance(node.func, cst.Attribute):
@@ -198,7 +229,10 @@ class MetricWithoutGather(Rule):
         if not self.facts.creates_accelerator:
             return
         for sink, loader, accumulator in self._candidates:
-            if accumulator is not None and accumulator.split(".")[0] in self._gathered_names:
+            if accumulator is not None and (
+                accumulator.split(".")[0] in self._gathered_names
+                or accumulator in self._gathered_into
+            ):
                 continue
             self.report(
                 sink,

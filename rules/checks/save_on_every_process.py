@@ -6,8 +6,8 @@ import libcst as cst
 
 from accelify.rules.build import method_call
 from accelify.rules.every_process import EveryProcessRule
-from accelify.rules.facts import RANK_NAMES
-from accelify.rules.rule import Invalid, Severity
+from accelify.rules.facts import RANK_NAMES, Facts, first_collective
+from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
 
 _WRITE_MODES = ("w", "a", "x")
@@ -44,9 +44,14 @@ class SaveOnEveryProcess(EveryProcessRule):
     accelerator.save(state, "ckpt.pt")  # writes on the main process only
     ```
 
+    The advice never wraps a collective in a main-process guard, which would hang: a
+    `save_pretrained` call (it may gather shards) gets `is_main_process=...`, and a write whose
+    arguments call `accelerator.get_state_dict`/`gather` is told to compute them first.
+
     ## Fix safety
     Unsafe (`torch.save` only): the other processes stop writing, which is the point, but code
     that reads the file back on those processes needs `accelerator.wait_for_everyone()` first.
+    The arguments still run on every process, so collectives in them stay collective.
     """
 
     code = "ACL102"
@@ -78,6 +83,13 @@ class SaveOnEveryProcess(EveryProcessRule):
         "accelerator = Accelerator()\n"
         "model.save_pretrained('out', is_main_process=accelerator.is_main_process)",
         "import torch\ntorch.save(s, 'a.pt')  # no Accelerator: one process",
+        # A save-state hook runs where `save_state` runs: here on the main process only.
+        "def main():\n    accelerator = Accelerator()\n\n"
+        "    def save_model_hook(models, weights, output_dir):\n        for model in models:\n"
+        "            model.save_pretrained(output_dir)\n            weights.pop()\n\n"
+        "    accelerator.register_save_state_pre_hook(save_model_hook)\n"
+        "    for step in range(10):\n        if accelerator.is_main_process:\n"
+        "            accelerator.save_state(f'checkpoint-{step}')\n\nmain()",
     )
     INVALID = (
         Invalid(
@@ -89,7 +101,33 @@ class SaveOnEveryProcess(EveryProcessRule):
             "def main():\n    accelerator = Accelerator()\n    if accelerator.is_main_process:\n"
             "        print('hi')\n    tokenizer.save_pretrained('out')\n\nmain()\n"
         ),
+        Invalid(  # the hook runs on every process: `save_state` is called on all of them
+            "def main():\n    accelerator = Accelerator()\n\n"
+            "    def save_model_hook(models, weights, output_dir):\n"
+            "        for model in models:\n"
+            "            model.save_pretrained(output_dir)\n\n"
+            "    accelerator.register_save_state_pre_hook(save_model_hook)\n"
+            "    accelerator.save_state('checkpoint')\n\nmain()\n"
+        ),
+        Invalid(
+            "def save_checkpoint(accelerator, model, path):\n"
+            "    with open(path, 'wb') as f:\n"
+            "        f.write(serialize(accelerator.get_state_dict(model)))\n\n\n"
+            "def main():\n    accelerator = Accelerator()\n    for epoch in range(3):\n"
+            "        save_checkpoint(accelerator, model, f'{epoch}.bin')\n\n\nmain()\n"
+        ),
     )
+
+    def __init__(self, facts: Facts, reports: list[Report]) -> None:
+        super().__init__(facts, reports)
+        self._withs: list[cst.With] = []
+        self._spans: dict[cst.Call, cst.With] = {}  # an ``open`` call -> the block writing it
+
+    def visit_With(self, node: cst.With) -> None:
+        self._withs.append(node)
+
+    def leave_With(self, node: cst.With) -> None:
+        self._withs.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         name = callee_name(node)
@@ -100,6 +138,8 @@ class SaveOnEveryProcess(EveryProcessRule):
             or name in _WRITERS
             or (name == "open" and isinstance(node.func, cst.Name) and self._write_mode(node))
         ):
+            if self._withs and any(item.item is node for item in self._withs[-1].items):
+                self._spans[node] = self._withs[-1]
             self._add(node)
 
     def _add(self, node: cst.Call, fixable: bool = False) -> None:
@@ -118,9 +158,26 @@ class SaveOnEveryProcess(EveryProcessRule):
         )
 
     def flag(self, call: cst.Call, accelerator: str | None) -> None:
-        message = (
-            "every process writes this file; guard it with "
-            "`if accelerator.is_main_process:` or use `accelerator.save`"
-        )
         new = method_call(accelerator, "save", call.args) if accelerator else None
-        self.report(call, message, new=new, safe=False)
+        self.report(call, self._advice(call), new=new, safe=False)
+
+    def _advice(self, call: cst.Call) -> str:
+        """What to write instead, never a guard around code every process must run."""
+        if dotted_name(call.func) == "torch.save":
+            return (
+                "every process writes this file; use `accelerator.save(...)`: it writes on the "
+                "main process only and its arguments still run on every process"
+            )
+        if callee_name(call) == "save_pretrained":
+            return (
+                "every process writes these files; pass "
+                "`is_main_process=accelerator.is_main_process` (it writes on the main process "
+                "only and keeps the call, which may gather shards, on every process)"
+            )
+        shared = first_collective(self._spans.get(call, call), self.facts)
+        if shared is not None:
+            return (
+                f"every process writes this file; compute `{shared}(...)` on every process "
+                "first, then write under `if accelerator.is_main_process:`"
+            )
+        return "every process writes this file; guard it with `if accelerator.is_main_process:`"

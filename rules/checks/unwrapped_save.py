@@ -34,9 +34,15 @@ class UnwrappedSave(Rule):
     ```
     or `accelerator.save_model(model, "out/")`.
 
+    Under FSDP or DeepSpeed ZeRO-3 the unwrapped module holds only this process's shards: its
+    `save_pretrained` also needs `state_dict=accelerator.get_state_dict(model)`, which gathers
+    them and so must run on every process (under `if accelerator.is_main_process:` it hangs).
+
     ## Fix safety
     Unsafe: `accelerator.save` writes on the main process only, which is what a checkpoint wants
-    but changes what the other processes do.
+    but changes what the other processes do. The `save_pretrained` fix only unwraps the model:
+    right under DDP, still incomplete under FSDP/ZeRO-3, where the `state_dict` argument is
+    needed and cannot be added blindly (the call may sit under a main-process guard).
     """
 
     code = "ACL101"
@@ -53,6 +59,16 @@ class UnwrappedSave(Rule):
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "model = accelerator.unwrap_model(model)\nmodel.save_pretrained('out')",
         "model = Net()\ntorch.save(model.state_dict(), 'm.pt')",
+        # diffusers' shape: unwrapped into another name, saved under the main-process guard.
+        "def main():\n    accelerator = Accelerator()\n"
+        "    unet, optimizer = accelerator.prepare(unet, optimizer)\n"
+        "    if accelerator.is_main_process:\n        unet = accelerator.unwrap_model(unet)\n"
+        "        unet.save_pretrained('out')",
+        # Prepared on one path only: the else branch saves the bare module.
+        "accelerator = Accelerator()\nif args.train_text_encoder:\n"
+        "    text_encoder = accelerator.prepare(text_encoder)\nelse:\n"
+        "    text_encoder.to(accelerator.device)\n"
+        "    torch.save(text_encoder.state_dict(), 'te.pt')",
     )
     INVALID = (
         Invalid(
@@ -73,6 +89,31 @@ class UnwrappedSave(Rule):
             "accelerator = Accelerator()\nnet = accelerator.prepare(net)\n"
             "accelerator.save(accelerator.unwrap_model(net), 'net.pt')\n",
         ),
+        Invalid(  # prepared one at a time, then re-bound to itself
+            "accelerator = Accelerator()\nunet = accelerator.prepare_model(unet)\nunet = unet\n"
+            "torch.save(unet.state_dict(), 'u.pt')\n",
+            "accelerator = Accelerator()\nunet = accelerator.prepare_model(unet)\nunet = unet\n"
+            "accelerator.save(accelerator.unwrap_model(unet).state_dict(), 'u.pt')\n",
+        ),
+        Invalid(  # through another name for the prepared model, in a function
+            "def train(args):\n    accelerator = Accelerator()\n"
+            "    model, opt = accelerator.prepare(model, opt)\n    final = model\n"
+            "    final.save_pretrained(args.save_dir)\n",
+            "def train(args):\n    accelerator = Accelerator()\n"
+            "    model, opt = accelerator.prepare(model, opt)\n    final = model\n"
+            "    accelerator.unwrap_model(final).save_pretrained(args.save_dir)\n",
+        ),
+        Invalid(  # in a method, under a branch
+            "class Runner:\n    def finish(self, accelerator, model):\n"
+            "        model = accelerator.prepare(model)\n        if self.keep:\n"
+            "            torch.save({'m': model}, 'all.pt')\n"
+            "        if self.best:\n            torch.save(model.state_dict(), 'b.pt')\n",
+            "class Runner:\n    def finish(self, accelerator, model):\n"
+            "        model = accelerator.prepare(model)\n        if self.keep:\n"
+            "            torch.save({'m': model}, 'all.pt')\n"
+            "        if self.best:\n"
+            "            accelerator.save(accelerator.unwrap_model(model).state_dict(), 'b.pt')\n",
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -81,7 +122,11 @@ class UnwrappedSave(Rule):
             model = self._model(func.value)
             if model is not None:
                 new_func = func.with_changes(value=unwrapped(model.accelerator, func.value))
-                self.report(node, self._message(model), new=node.with_changes(func=new_func))
+                message = (
+                    f"{self._message(model)}; under FSDP/ZeRO-3 also pass `state_dict="
+                    f"{model.accelerator}.get_state_dict({model.name})`, on every process"
+                )
+                self.report(node, message, new=node.with_changes(func=new_func), safe=False)
             return
         is_torch_save = dotted_name(func) == "torch.save"
         is_acc_save = (

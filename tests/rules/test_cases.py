@@ -50,3 +50,26 @@ def test_every_rule_has_docs_in_ruff_sections_and_cases() -> None:
         assert "## Fix safety" in docs or not any(c.fixed for c in rule.INVALID), rule.code
         assert rule.VALID and rule.INVALID, rule.code
         assert rule.code.startswith("ACL") and rule.name == rule.name.lower(), rule.code
+
+
+@pytest.mark.parametrize(
+    ("rule", "case"),
+    [p for p in INVALID if "## Fix safety\nUnsafe" in p.values[0].docs()],
+)
+def test_fixes_documented_unsafe_are_marked_unsafe(rule: type[Rule], case) -> None:
+    """A fix that changes behaviour is never applied by a plain ``--fix``."""
+    findings = lint(case.code, [rule])
+    assert all(f.fix in (None, "unsafe") for f in findings)
+    assert fix(case.code, [rule])[0] == case.code
+
+
+def test_advice_never_puts_a_collective_under_a_main_process_guard() -> None:
+    """A guard around `get_state_dict` hangs under DeepSpeed/FSDP; the advice keeps it outside."""
+    save = next(rule for rule in RULES if rule.code == "ACL102")
+    for line in (
+        "torch.save(accelerator.get_state_dict(model), 'm.pt')",
+        "save_file(accelerator.get_state_dict(model), 'm.safetensors')",
+        "model.save_pretrained('out', state_dict=accelerator.get_state_dict(model))",
+    ):
+        [finding] = lint(f"accelerator = Accelerator()\n{line}\n", [save])
+        assert "guard it" not in finding.message, line

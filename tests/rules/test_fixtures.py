@@ -24,6 +24,14 @@ def test_planted_mistakes_are_found_exactly() -> None:
     assert found == expected_marks(text)
 
 
+def test_real_script_shapes_give_exactly_the_planted_findings_with_the_default_rules() -> None:
+    """Resume over `skip_first_batches`, `next()` update loops, `no_sync` by hand, a Megatron-LM
+    branch, save hooks, a model prepared on one path only: silent; the planted lines: found."""
+    text = (FIXTURES / "real_shapes.py").read_text()
+    default = [rule for rule in ALL if rule.enabled_by_default]
+    assert {(f.line, f.code) for f in lint(text, default)} == expected_marks(text)
+
+
 def test_fixes_reparse_are_idempotent_and_leave_only_unfixable_findings() -> None:
     text = (FIXTURES / "planted.py").read_text()
     fixed, notes = fix(text, ALL, unsafe=True)
