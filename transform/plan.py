@@ -13,7 +13,29 @@ from accelify.transform.edits import Edits
 from accelify.transform.setup import ACCELERATOR, Refused, Setup
 
 Target = Literal["accelify", "accelerate"]
+
 MixedPrecision = Literal["no", "fp16", "bf16"]
+
+# Each kind of "needs a human" note (told apart by a phrase every message of the kind has) and the
+# accel-lint rule that finds what it leaves behind in the converted file, at the note's line: the
+# linter is where such code is tracked, silenced with noqa comments and reported to CI.
+NOTE_RULES: tuple[tuple[str, str | None], ...] = (
+    ("left unchanged: ", "ACL210"),
+    ("so every process trains on all the data", "ACL211"),
+    ("computes over this process's shard", "ACL212"),
+    ("sums this process's shard only", "ACL205"),
+    ("divides this process's sum by the whole dataset's length", "ACL212"),
+    ("downloads or extracts here at once", "ACL104"),
+    ("downloads here at once", "ACL104"),
+    ("opens its own", "ACL105"),
+    ("other processes may read this file before the main process wrote it", "ACL106"),
+    ("the accelerator now picks the device", "ACL213"),
+    # No rule yet: a write on every process that also runs the model, a write before the
+    # accelerator exists, a call site that cannot hand the accelerator over.
+    ("it also runs the prepared model", None),
+    ("writes here at once", None),
+    ("needs the accelerator; pass it by hand", None),
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,18 @@ class Note:
     message: str
     manual: bool = False
     info: bool = False
+    # The accel-lint rule that flags what a manual note leaves behind (see ``NOTE_RULES``).
+    code: str | None = field(default=None, compare=False)
+    node: cst.CSTNode | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.manual and self.code is None:  # however the note was made, its kind has a rule
+            object.__setattr__(self, "code", note_rule(self.message))
+
+
+def note_rule(message: str) -> str | None:
+    """The lint rule for a "needs a human" note's kind, or None for a kind no rule covers yet."""
+    return next((code for phrase, code in NOTE_RULES if phrase in message), None)
 
 
 @dataclass
@@ -62,7 +96,7 @@ class Plan:
         self.notes.append(Note(self.analysis.line(node), message))
 
     def needs_human(self, node: cst.CSTNode, message: str) -> None:
-        self.notes.append(Note(self.analysis.line(node), message, manual=True))
+        self.notes.append(Note(self.analysis.line(node), message, manual=True, node=node))
 
     def info(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message, info=True))
