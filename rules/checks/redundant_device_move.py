@@ -7,7 +7,13 @@ import libcst as cst
 from accelify.rules.facts import Facts, Prepared
 from accelify.rules.rule import Invalid, Report, Rule, Severity
 from accelify.transform import patterns
-from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
+from accelify.transform.patterns import (
+    Role,
+    callee_name,
+    dotted_name,
+    keyword_arg,
+    target_names,
+)
 
 
 def device_move(call: cst.Call) -> bool:
@@ -24,7 +30,12 @@ class RedundantDeviceMove(Rule):
 
     ## What it does
     Flags device moves of objects `accelerator.prepare` already placed: the prepared model, and
-    batches (or parts of batches) taken from a prepared `DataLoader`.
+    batches (or parts of batches) taken from a prepared `DataLoader`, also when a comprehension
+    moves them one by one (`{k: v.to(device) for k, v in batch.items()}`,
+    `tuple(t.to(device) for t in batch)`).
+
+    Off by default: on the HF Accelerate and diffusers examples every move it found was a
+    no-op, right but cosmetic (`--select ACL206`, or `--fix` with it, to tidy them away).
 
     ## Why is this bad?
     Accelerate puts them on the right device already. On DDP the move is a no-op; under
@@ -51,6 +62,7 @@ class RedundantDeviceMove(Rule):
     code = "ACL206"
     name = "redundant-device-move"
     severity = Severity.WARNING
+    enabled_by_default = False
 
     VALID = (
         "accelerator = Accelerator()\nmodel = Net().to(device)\nmodel = accelerator.prepare(model)",
@@ -59,6 +71,9 @@ class RedundantDeviceMove(Rule):
         "accelerator = Accelerator(device_placement=False)\ndl = accelerator.prepare(dl)\n"
         "for batch in dl:\n    batch = batch.to(accelerator.device)",
         "accelerator = Accelerator()\nfor batch in raw_loader:\n    batch = batch.to(device)",
+        "accelerator = Accelerator()\ndl = accelerator.prepare(dl)\nfor batch in dl:\n"
+        "    extra = {k: v.to(device) for k, v in cache.items()}\n"
+        "    moved = [b.to(device) for b in batch.values() for b in buffers]",
     )
     INVALID = (
         Invalid(
@@ -74,6 +89,22 @@ class RedundantDeviceMove(Rule):
             "for batch in train_loader:\n    ids = batch['input_ids']\n",
         ),
         Invalid(
+            "accelerator = Accelerator()\ntrain_dl = accelerator.prepare(train_dl)\n"
+            "def train():\n    for batch in train_dl:\n"
+            "        batch = {k: v.to(device) for k, v in batch.items()}\n",
+            "accelerator = Accelerator()\ntrain_dl = accelerator.prepare(train_dl)\n"
+            "def train():\n    for batch in train_dl:\n"
+            "        batch = {k: v for k, v in batch.items()}\n",
+        ),
+        Invalid(
+            "accelerator = Accelerator()\ndl = accelerator.prepare(dl)\nfor batch in dl:\n"
+            "    if accelerator.is_main_process:\n"
+            "        inputs, labels = tuple(t.to(device) for t in batch)\n",
+            "accelerator = Accelerator()\ndl = accelerator.prepare(dl)\nfor batch in dl:\n"
+            "    if accelerator.is_main_process:\n"
+            "        inputs, labels = tuple(t for t in batch)\n",
+        ),
+        Invalid(
             "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
             "model.to(accelerator.device)\nmodel.train()\n",
             "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\nmodel.train()\n",
@@ -84,6 +115,52 @@ class RedundantDeviceMove(Rule):
         super().__init__(facts, reports)
         self._manual = False  # Accelerator(device_placement=...) given: placement is the user's
         self._statement_call: cst.Call | None = None
+        # Per open comprehension: the names its ``for`` binds to parts of a prepared batch.
+        self._comprehensions: list[dict[str, Prepared]] = []
+
+    def _enter_comprehension(
+        self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp
+    ) -> None:
+        self._comprehensions.append(self._batch_parts(node.for_in))
+
+    def _leave_comprehension(
+        self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp
+    ) -> None:
+        self._comprehensions.pop()
+
+    # The element comes before its ``for`` in the walk, so the names are bound on entering.
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _enter_comprehension
+    leave_ListComp = leave_SetComp = leave_GeneratorExp = leave_DictComp = _leave_comprehension
+
+    def _batch_parts(self, comp: cst.CompFor | None) -> dict[str, Prepared]:
+        """Names each ``for`` of a comprehension binds to a batch's parts: ``for t in batch``,
+        ``for v in batch.values()``, ``for k, v in batch.items()``; a later ``for`` rebinding a
+        name takes it back."""
+        parts: dict[str, Prepared] = {}
+        while comp is not None:
+            iterable, target = comp.iter, comp.target
+            items = _method(iterable, "items")
+            if items is not None:
+                iterable = items
+                pair = target.elements if isinstance(target, cst.Tuple) else ()
+                target = pair[1].value if len(pair) == 2 else None
+            else:
+                iterable = _method(iterable, "values") or iterable
+            batch = self._batch(iterable)
+            for name in target_names(comp.target):
+                parts.pop(name, None)
+            if batch is not None and target is not None:
+                parts.update(dict.fromkeys(target_names(target), batch))
+            comp = comp.inner_for_in
+        return parts
+
+    def _batch(self, expr: cst.BaseExpression) -> Prepared | None:
+        """The prepared loader whose batch ``expr`` names, in a comprehension or outside."""
+        name = dotted_name(expr)
+        for parts in reversed(self._comprehensions):
+            if name in parts:
+                return parts[name]
+        return self.facts.batch_of(expr)
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         """A bare ``model.to(device)`` statement: the fix drops the whole line."""
@@ -105,7 +182,7 @@ class RedundantDeviceMove(Rule):
             return None
         receiver = call.func.value  # type: ignore[attr-defined]
         base = receiver.value if isinstance(receiver, cst.Subscript) else receiver
-        batch = self.facts.batch_of(base)
+        batch = self._batch(base)
         if batch is not None:
             return batch
         model = self.facts.prepared(receiver)
@@ -125,3 +202,15 @@ class RedundantDeviceMove(Rule):
             self.report(call, message, replace=statement, new=cst.RemovalSentinel.REMOVE)
         else:
             self.report(call, message, new=call.func.value)  # type: ignore[attr-defined]
+
+
+def _method(expr: cst.BaseExpression, method: str) -> cst.BaseExpression | None:
+    """The receiver of ``expr`` when it is ``receiver.<method>()``."""
+    if (
+        isinstance(expr, cst.Call)
+        and not expr.args
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == method
+    ):
+        return expr.func.value
+    return None

@@ -13,7 +13,8 @@ class UnsafeTorchLoad(Rule):
     """`torch.load` without `weights_only=True`.
 
     ## What it does
-    Flags `torch.load(...)` calls that do not pass `weights_only=True`.
+    Flags `torch.load(...)` calls that do not pass `weights_only=True`. Off by default: it is a
+    safety habit, not a multi-process bug (torch 2.6+ already defaults to `True`).
 
     ## Why is this bad?
     Without it `torch.load` unpickles arbitrary objects, and a checkpoint from an untrusted
@@ -38,6 +39,7 @@ class UnsafeTorchLoad(Rule):
     code = "ACL103"
     name = "unsafe-torch-load"
     severity = Severity.WARNING
+    enabled_by_default = False
 
     VALID = (
         "import torch\nstate = torch.load(path, weights_only=True)",

@@ -20,7 +20,7 @@ BUGGY = (
     "accelerator = Accelerator()\n"
     "model, opt = accelerator.prepare(model, opt)\n"
     "loss.backward()\n"
-    "state = torch.load('x.pt')\n"
+    "out = model.generate(x)\n"
 )
 
 
@@ -39,14 +39,14 @@ def test_exit_codes_and_plain_lines_in_a_pipe(lint_cli, buggy: Path) -> None:
     result = lint_cli(str(buggy))
     assert result.code == 1
     assert f"{buggy}:5:1: ACL201 [*] " in result.out
-    assert codes(result.out) == ["ACL201", "ACL103"]
+    assert codes(result.out) == ["ACL201", "ACL005"]
     assert lint_cli(str(buggy), "--exit-zero").code == 0
     assert lint_cli(str(FIXTURES / "clean_train.py")).code == 0
 
 
 def test_select_and_ignore_by_code_prefix_and_name(lint_cli, buggy: Path) -> None:
-    assert codes(lint_cli(str(buggy), "--select", "ACL1").out) == ["ACL103"]
-    assert codes(lint_cli(str(buggy), "--ignore", "backward-bypass").out) == ["ACL103"]
+    assert codes(lint_cli(str(buggy), "--select", "ACL0").out) == ["ACL005"]
+    assert codes(lint_cli(str(buggy), "--ignore", "backward-bypass").out) == ["ACL005"]
     bad = lint_cli(str(buggy), "--select", "ACL9")
     assert bad.code == 2 and bad.err == "accel-lint: error: unknown rule selector 'ACL9'\n"
 
@@ -60,7 +60,7 @@ def test_off_by_default_rules_need_selecting(lint_cli, tmp_path: Path) -> None:
 
 def test_pyproject_config_is_found_by_walking_up(lint_cli, buggy: Path) -> None:
     (buggy.parent / "pyproject.toml").write_text(
-        '[tool.accelify.lint]\nignore = ["ACL103"]\n'
+        '[tool.accelify.lint]\nignore = ["ACL005"]\n'
         '[tool.accelify.lint.per-file-ignores]\n"sub/*.py" = ["ACL201"]\n'
     )
     sub = buggy.parent / "sub"
@@ -84,11 +84,11 @@ def test_explicit_config_file_and_its_errors(lint_cli, buggy: Path, tmp_path: Pa
 def test_noqa_comments_and_file_level_opt_out(lint_cli, tmp_path: Path) -> None:
     path = tmp_path / "t.py"
     path.write_text(BUGGY.replace("loss.backward()", "loss.backward()  # noqa: ACL201"))
-    assert codes(lint_cli(str(path)).out) == ["ACL103"]
-    path.write_text(BUGGY.replace("torch.load('x.pt')", "torch.load('x.pt')  # noqa"))
+    assert codes(lint_cli(str(path)).out) == ["ACL005"]
+    path.write_text(BUGGY.replace("model.generate(x)", "model.generate(x)  # noqa"))
     assert codes(lint_cli(str(path)).out) == ["ACL201"]
-    path.write_text(BUGGY.replace("loss.backward()", "loss.backward()  # noqa: ACL103"))
-    assert codes(lint_cli(str(path)).out) == ["ACL201", "ACL103"]  # other code: not silenced
+    path.write_text(BUGGY.replace("loss.backward()", "loss.backward()  # noqa: ACL005"))
+    assert codes(lint_cli(str(path)).out) == ["ACL201", "ACL005"]  # other code: not silenced
     path.write_text("# accelify: noqa\n" + BUGGY)
     assert lint_cli(str(path)).code == 0
 
@@ -97,11 +97,11 @@ def test_fix_writes_safe_fixes_and_reports_the_rest(lint_cli, buggy: Path) -> No
     result = lint_cli(str(buggy), "--fix")
     assert result.code == 1
     assert "accelerator.backward(loss)" in buggy.read_text()
-    assert codes(result.out) == ["ACL103"]
+    assert codes(result.out) == ["ACL005"]
     assert "Fixed 1 problem." in result.out
     result = lint_cli(str(buggy), "--fix", "--unsafe-fixes")
     assert result.code == 0
-    assert "torch.load('x.pt', weights_only=True)" in buggy.read_text()
+    assert "accelerator.unwrap_model(model).generate(x)" in buggy.read_text()
 
 
 def test_diff_shows_fixes_and_writes_nothing(lint_cli, buggy: Path) -> None:
@@ -121,7 +121,7 @@ def test_bad_input_is_one_line_exit_2_and_other_files_still_linted(
     latin.write_bytes(b"import torch\nname = '\xe9'\n")
     result = lint_cli(str(broken), str(latin), str(buggy), str(tmp_path / "missing.py"))
     assert result.code == 2
-    assert codes(result.out) == ["ACL201", "ACL103"]
+    assert codes(result.out) == ["ACL201", "ACL005"]
     assert result.err.splitlines() == [
         f"{broken}:2: syntax error: '(' was never closed",
         f"{latin}:2: not valid utf-8 (byte 0xe9)",
@@ -160,17 +160,17 @@ def test_console_script_runs_without_importing_torch(buggy: Path) -> None:
 
 
 def test_ruff_habits_check_statistics_and_output_file(lint_cli, buggy: Path) -> None:
-    assert codes(lint_cli("check", str(buggy)).out) == ["ACL201", "ACL103"]
+    assert codes(lint_cli("check", str(buggy)).out) == ["ACL201", "ACL005"]
     stats = lint_cli(str(buggy), "--statistics")
     assert stats.code == 1
     assert [line.split() for line in stats.out.splitlines()] == [
-        ["1", "ACL103", "unsafe-torch-load"],
+        ["1", "ACL005", "wrapped-model-attribute"],
         ["1", "ACL201", "[*]", "backward-bypass"],
     ]
     report = buggy.with_name("report.json")
     written = lint_cli(str(buggy), "--output-format", "json", "--output-file", str(report))
     assert written.code == 1 and written.out == ""
-    assert [f["code"] for f in json.loads(report.read_text())] == ["ACL201", "ACL103"]
+    assert [f["code"] for f in json.loads(report.read_text())] == ["ACL201", "ACL005"]
 
 
 def test_show_fixes_lists_what_fix_applied(lint_cli, buggy: Path) -> None:
@@ -186,12 +186,12 @@ def test_stdin_filename_names_the_input_and_picks_its_settings(
     lint_cli, buggy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (buggy.parent / "pyproject.toml").write_text(
-        '[tool.accelify.lint.per-file-ignores]\n"sub/*.py" = ["ACL103"]\n'
+        '[tool.accelify.lint.per-file-ignores]\n"sub/*.py" = ["ACL005"]\n'
     )
     monkeypatch.chdir(buggy.parent)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BUGGY.encode())))
     result = lint_cli("-", "--stdin-filename", f"{buggy.parent}/sub/train.py")
-    assert codes(result.out) == ["ACL201"]  # ACL103 ignored for that name
+    assert codes(result.out) == ["ACL201"]  # ACL005 ignored for that name
     assert f"{buggy.parent}/sub/train.py:5:1: ACL201" in result.out
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"import torch\nx = (\n")))
     broken = lint_cli("-", "--stdin-filename", "t.py")
