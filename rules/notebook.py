@@ -33,8 +33,8 @@ def parse(path: str, text: str) -> Notebook:
         source = ipynb.source_of(cell)
         cell_lines = source.splitlines()
         skip_cell = ipynb.is_cell_magic(source)
-        for index, line in enumerate(cell_lines, start=1):
-            indent = ipynb.magic_indent(line)
+        indents = list(ipynb.magic_indents(cell_lines))
+        for index, (line, indent) in enumerate(zip(cell_lines, indents, strict=True), start=1):
             lines.append("" if skip_cell else f"{indent}pass" if indent is not None else line)
             places.append((number, index))
     return Notebook("".join(f"{line}\n" for line in lines), tuple(places))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from accelify.transform.sources import SourceError
@@ -78,6 +79,17 @@ def magic_indent(line: str) -> str | None:
     """The indentation of an IPython line (``%``/``!``/``?``), or None for a Python line."""
     match = _MAGIC.match(line)
     return match.group(1) if match else None
+
+
+def magic_indents(lines: Iterable[str]) -> Iterator[str | None]:
+    """Per line, the indentation of the IPython command it is part of, or None for Python: a
+    command ending in a backslash (``!pip install -q \\``) goes on over the lines after it."""
+    command: str | None = None
+    for line in lines:
+        indent = command if command is not None else magic_indent(line)
+        yield indent
+        continued = indent is not None and line.rstrip("\r\n").endswith("\\")
+        command = indent if continued else None
 
 
 def dump(book: dict[str, Any], like: str) -> str:

@@ -109,12 +109,13 @@ def _join(sources: list[str], path: str) -> _Program:
     chunks = []
     for number, source in enumerate(sources, start=1):
         lines = [] if ipynb.is_cell_magic(source) else _LINE.findall(source)
-        for index, line in enumerate(lines):
-            indent = ipynb.magic_indent(line)
+        indents = list(ipynb.magic_indents(lines))  # read before the loop rewrites lines
+        for index, (line, indent) in enumerate(zip(lines, indents, strict=True)):
             if indent is not None:
                 end = line[len(line.rstrip("\r\n")) :]
                 lines[index] = _placeholder(token, indent, len(magics)) + end
-                magics.append(line[len(indent) : len(line) - len(end)])
+                body = line.removeprefix(indent) if line.startswith(indent) else line.lstrip()
+                magics.append(body[: len(body) - len(end)])
         chunk = "".join(lines)
         chunk += "\n" if chunk and not chunk.endswith("\n") else ""
         _check_cell(chunk, path, number)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from accelify.rules import notebook as lint_notebook
 from accelify.transform import cli, ipynb
 from accelify.transform import notebook as nb
 from accelify.transform.convert import Options, Result, convert
@@ -294,3 +295,17 @@ def test_launcher_is_for_notebooks(tmp_path: Path, capsys: pytest.CaptureFixture
     (tmp_path / "train.py").write_text("x = 1\n")
     assert cli.run(["--notebook-launcher", "2", str(tmp_path / "train.py")]) == 2
     assert "train.py:0: --notebook-launcher is for notebooks (.ipynb)" in capsys.readouterr().err
+
+
+def test_a_shell_command_continued_with_backslashes_is_one_ipython_command() -> None:
+    """``!pip install -q \\`` goes on over the next lines, indented or not: they are the
+    command's, not Python (both tools read them alike)."""
+    install = "!pip install -q \\\n    torch \\\n    accelerate\nimport torch"
+    training = "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    training += "for x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+    training += "    optimizer.step()"
+    text = _book(install, training)
+    cells = _code_sources(convert_notebook(text, Options(), "nb.ipynb").code)
+    assert cells[0].startswith("!pip install -q \\\n    torch \\\n    accelerate\nimport torch\n")
+    lint_text = lint_notebook.parse("nb.ipynb", text).text
+    assert lint_text.startswith("pass\npass\npass\nimport torch\n")
