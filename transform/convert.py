@@ -22,7 +22,7 @@ from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 
-__all__ = ["Note", "Options", "Result", "convert", "parse"]
+__all__ = ["Note", "Options", "Result", "convert", "parse", "plan_conversion"]
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,39 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
 
 
 def _convert(module: cst.Module, source: str, options: Options, path: str) -> Result:
+    plan = plan_conversion(module, options, path)
+    if not plan.edits:  # nothing to change: the source as it came, not libcst's print of it
+        return Result(code=source, notes=tuple(sorted(set(plan.notes))), original=source)
+    if (lost := _first_unprinted_line(module, source)) is not None:
+        why = "libcst does not print this file back exactly from here, so any edit would change it"
+        note = Note(lost, f"left unchanged: {why}; convert by hand", manual=True)
+        return Result(code=source, notes=(note,), original=source)
+    code = apply(module, plan.edits, plan.analysis.parents).code
+    if code != source:
+        _check_valid(code, path)
+    return Result(code=code, notes=tuple(sorted(set(plan.notes))), original=source)
+
+
+def _first_unprinted_line(module: cst.Module, source: str) -> int | None:
+    """The line from which libcst's print of the unedited tree differs from the source, if any:
+    a few inputs do not round-trip, and every edit would silently drop the difference."""
+    printed = module.code
+    if printed == source:
+        return None
+    pairs = enumerate(zip(printed, source, strict=False))
+    same = next((i for i, (a, b) in pairs if a != b), len(printed))
+    return source.count("\n", 0, same) + 1
+
+
+def plan_conversion(module: cst.Module, options: Options, path: str = "<string>") -> Plan:
+    """Analyse ``module`` and plan every step, without applying anything: the converter applies
+    the plan, and accel-lint reads the manual notes (each has its node in ``module``)."""
     analysis = analyse(module)
     verdict = file_verdict(analysis, analysis.names)
     if verdict is not None:
-        note = Note(analysis.line(verdict.node), verdict.reason, manual=not verdict.skip,
-                    info=verdict.skip)  # fmt: skip
-        return Result(code=source, notes=(note,), original=source)
+        plan = Plan(analysis, options, None)
+        (plan.info if verdict.skip else plan.needs_human)(verdict.node, verdict.reason)
+        return plan
     setup, refusals = find_setup(analysis)
     plan = Plan(analysis, options, setup)
     if setup is not None:  # reads the modules beside the script: only when it will be converted
@@ -135,11 +162,7 @@ def _convert(module: cst.Module, source: str, options: Options, path: str) -> Re
         plan.needs_human(node, reason)
     if not plan.edits and not plan.notes:
         _explain_no_setup(plan)
-    # Nothing to change: libcst would print the source back byte for byte, at a fifth of a parse.
-    code = apply(module, plan.edits, analysis.parents).code if plan.edits else source
-    if code != source:
-        _check_valid(code, path)
-    return Result(code=code, notes=tuple(sorted(set(plan.notes))), original=source)
+    return plan
 
 
 def _explain_no_setup(plan: Plan) -> None:

@@ -81,5 +81,7 @@ def test_mutated_inputs_convert_cleanly(mutation: str) -> None:
             lint(text, RULES)
         except SyntaxError as err:
             assert "nested too deeply" in str(err), f"{name}: {err}"
+        except RecursionError:  # accel-lint's runner makes it one line (test_odd_inputs.py)
+            assert mutation == "deep-brackets", name
     assert failures == []
     assert converted > 0 or mutation == "long-expression"
