@@ -69,6 +69,13 @@ class ShardTotal(Rule):
             "accelerator = Accelerator()\nmodel, loader = accelerator.prepare(model, loader)\n"
             "print(evaluate())\n"
         ),
+        # The function prepares something of its own, and reads the module's loader.
+        Invalid(
+            "accelerator = Accelerator()\n\n\ndef evaluate():\n"
+            "    scorer, = accelerator.prepare(scorer)\n"
+            "    return sum(scorer(x).sum().item() for x in loader)\n\n\n"
+            "model, loader = accelerator.prepare(model, loader)\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
@@ -189,19 +196,6 @@ class _Bound(cst.CSTVisitor):
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self.names.update(target_names(node.target))
-
-    def leave_Assign(self, node: cst.Assign) -> None:
-        call = prepare_call(node.value, self.facts)
-        if call is None or self.facts.where().function is not None:
-            return
-        target = node.targets[0].target if len(node.targets) == 1 else None
-        names = list(target_names(target)) if target is not None else []
-        if len(names) == len(call.args):
-            self._module_loaders.update(
-                name
-                for name, arg in zip(names, call.args, strict=True)
-                if is_loader(self.facts, arg.value)
-            )
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self.names.update(target_names(node.target))
