@@ -133,7 +133,7 @@ def name_role(name: str | None) -> Role | None:
         return Role.DATALOADER
     if "sched" in last:
         return Role.SCHEDULER
-    if "optim" in last or last == "opt":
+    if "optim" in last or last == "opt" or last.endswith("_opt"):
         return Role.OPTIMIZER
     if any(word in last for word in _MODEL_WORDS):
         return Role.MODEL
@@ -230,11 +230,37 @@ class _FirstCollective(cst.CSTVisitor):
         return self.found is None
 
 
-def first_collective(node: cst.CSTNode, facts: Facts) -> str | None:
-    """The first collective called anywhere in ``node`` (its method name), else None."""
-    finder = _FirstCollective(facts)
+class _FirstShared(_FirstCollective):
+    def visit_Call(self, node: cst.Call) -> bool:
+        self.found = self.found or self._model(node)
+        return super().visit_Call(node)
+
+    def _model(self, call: cst.Call) -> str | None:
+        """The prepared model ``call`` runs: ``model(x)`` (only a model is called), or a method
+        of one (``model.generate(x)``)."""
+        func = call.func
+        receiver = func.value if isinstance(func, cst.Attribute) else func
+        prepared = self.facts.prepared(receiver)
+        if prepared is None or (receiver is not func and prepared.role is not Role.MODEL):
+            return None
+        return prepared.name
+
+
+def first_shared_call(node: cst.CSTNode, facts: Facts) -> str | None:
+    """The first call in ``node`` that every process must make together: a collective (its
+    method name) or a prepared model (its name: under DeepSpeed/FSDP its forward gathers
+    shards, and a DDP model with buffers broadcasts them). Asked during the traversal, where
+    what is prepared is known."""
+    finder = _FirstShared(facts)
     node.visit(finder)
     return finder.found
+
+
+def mentions_rank(node: cst.CSTNode) -> bool:
+    """Whether ``node`` reads the process index: a path built from it names a per-process file,
+    which every process may write."""
+    code = cst.Module([]).code_for_node(node)
+    return any(name in code for name in RANK_NAMES)
 
 
 def _exits(block: cst.BaseSuite) -> bool:

@@ -66,6 +66,25 @@ ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
     **dict.fromkeys(MODEL_FACTORIES, Role.MODEL),
 }
 
+# (function) -> packages it comes from: it changes the file or folder its arguments name, so
+# every process doing it at once writes one file N times, or races (one removes what another
+# just removed). Methods by their name alone: ``fig.savefig(...)``, ``df.to_csv(...)``.
+DISK_WRITERS = {
+    "save_image": ("torchvision",),
+    "save": ("numpy",),
+    "savez": ("numpy",),
+    "savez_compressed": ("numpy",),
+    "savetxt": ("numpy",),
+    "imsave": ("matplotlib", "imageio", "skimage"),
+    "show": ("matplotlib",),
+    "remove": ("os",),
+    "unlink": ("os",),
+    "rmtree": ("shutil",),
+    "makedirs": ("os",),
+    "mkdir": ("os",),
+}
+DISK_WRITER_METHODS = frozenset({"savefig", "to_csv"})
+
 
 _DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})
 _DEVICE_CALLS = frozenset(
@@ -181,3 +200,14 @@ def method_call(node: cst.CSTNode, *methods: str) -> cst.Call | None:
 def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
     """The ``name=...`` argument of ``call``, if given."""
     return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
+
+
+def disk_writer(call: cst.Call, names: Names) -> str | None:
+    """The name of the writer ``call`` runs (``save_image``, ``makedirs``, ``savefig``), when it
+    is one of :data:`DISK_WRITERS` from its package or a :data:`DISK_WRITER_METHODS` method."""
+    name = names.last_part(call.func)
+    if name in DISK_WRITERS and names.from_package(call.func, *DISK_WRITERS[name]):
+        return name
+    if name in DISK_WRITER_METHODS and isinstance(call.func, cst.Attribute):
+        return name
+    return None

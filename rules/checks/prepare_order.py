@@ -46,6 +46,10 @@ class PrepareOrder(Rule):
         "accelerator = Accelerator()\nmodel, opt = accelerator.prepare(net, adam)",
         "accelerator = Accelerator()\nteacher, student = accelerator.prepare(teacher_model, model)",
         "accelerator = Accelerator()\ng, d = accelerator.prepare(Generator(), Discriminator())",
+        "accelerator = Accelerator()\nencoder_opt = torch.optim.SGD(encoder.parameters())\n"
+        "decoder_opt = torch.optim.SGD(decoder.parameters())\n"
+        "encoder, decoder, encoder_opt, decoder_opt = accelerator.prepare(\n"
+        "    encoder, decoder, encoder_opt, decoder_opt\n)",
     )
     INVALID = (
         Invalid(
@@ -82,6 +86,8 @@ class PrepareOrder(Rule):
             return
         clashes = 0
         for name, arg, arg_name in zip(targets, call.args, args, strict=True):
+            if name == arg_name:  # the same name bound again: never a swap
+                continue
             wanted = name_role(name)
             got = self.facts.role(arg.value) or name_role(arg_name)
             clashes += wanted is not None and got is not None and wanted is not got

@@ -6,18 +6,12 @@ import libcst as cst
 
 from accelify.rules.build import method_call
 from accelify.rules.every_process import EveryProcessRule
-from accelify.rules.facts import RANK_NAMES, Facts, first_collective
+from accelify.rules.facts import Facts, first_shared_call, mentions_rank
 from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
 
 _WRITE_MODES = ("w", "a", "x")
 _WRITERS = frozenset({"save_file", "write_text", "write_bytes"})
-
-
-def _mentions_rank(node: cst.CSTNode) -> bool:
-    """A path built from the process index is a per-process file, which is fine."""
-    code = cst.Module([]).code_for_node(node)
-    return any(name in code for name in RANK_NAMES)
 
 
 class SaveOnEveryProcess(EveryProcessRule):
@@ -46,7 +40,8 @@ class SaveOnEveryProcess(EveryProcessRule):
 
     The advice never wraps a collective in a main-process guard, which would hang: a
     `save_pretrained` call (it may gather shards) gets `is_main_process=...`, and a write whose
-    arguments call `accelerator.get_state_dict`/`gather` is told to compute them first.
+    arguments (or `with open(...)` block) call `accelerator.get_state_dict`/`gather` or the
+    prepared model is told to compute them first.
 
     ## Fix safety
     Unsafe (`torch.save` only): the other processes stop writing, which is the point, but code
@@ -143,7 +138,7 @@ class SaveOnEveryProcess(EveryProcessRule):
             self._add(node)
 
     def _add(self, node: cst.Call, fixable: bool = False) -> None:
-        if not (node.args and _mentions_rank(node.args[0].value)):  # per-rank files are fine
+        if not (node.args and mentions_rank(node.args[0].value)):  # per-rank files are fine
             self.candidate(node, fixable=fixable)
 
     @staticmethod
@@ -174,7 +169,7 @@ class SaveOnEveryProcess(EveryProcessRule):
                 "`is_main_process=accelerator.is_main_process` (it writes on the main process "
                 "only and keeps the call, which may gather shards, on every process)"
             )
-        shared = first_collective(self._spans.get(call, call), self.facts)
+        shared = first_shared_call(self._spans.get(call, call), self.facts)
         if shared is not None:
             return (
                 f"every process writes this file; compute `{shared}(...)` on every process "

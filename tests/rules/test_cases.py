@@ -73,3 +73,40 @@ def test_advice_never_puts_a_collective_under_a_main_process_guard() -> None:
     ):
         [finding] = lint(f"accelerator = Accelerator()\n{line}\n", [save])
         assert "guard it" not in finding.message, line
+
+
+def test_open_block_advice_keeps_a_forward_pass_on_every_process() -> None:
+    """A `with open(...)` block that runs the prepared model: guarding the block would leave the
+    other processes out of its forward pass (a hang under DeepSpeed/FSDP)."""
+    save = next(rule for rule in RULES if rule.code == "ACL102")
+    code = (
+        "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
+        "with open('preds.txt', 'w') as f:\n    f.write(str(model(x)))\n"
+    )
+    [finding] = lint(code, [save])
+    assert "guard it" not in finding.message
+    assert "`model(...)` on every process first" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("line", "shared"),
+    [
+        ("save_image(model(z), 's.png')", True),
+        ("save_image(model.generate(z), 's.png')", True),
+        ("save_image(accelerator.gather(x), 's.png')", True),
+        ("save_image(sample(model, z), 's.png')", True),  # a function of the script: may run it
+        ("save_image(images.cpu(), os.path.join(out, 's.png'))", False),
+    ],
+)
+def test_write_advice_never_puts_a_forward_pass_under_a_main_process_guard(
+    line: str, shared: bool
+) -> None:
+    """Under DeepSpeed/FSDP (and DDP with buffers) every process must run the prepared model,
+    as it must a collective: the advice computes first and guards only the write."""
+    rule = next(rule for rule in RULES if rule.code == "ACL107")
+    setup = (
+        "import os\nfrom torchvision.utils import save_image\n\naccelerator = Accelerator()\n"
+        "model = accelerator.prepare(model)\n"
+    )
+    [finding] = lint(f"{setup}{line}\n", [rule])
+    assert ("first" in finding.message) == shared, finding.message

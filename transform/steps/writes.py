@@ -20,27 +20,11 @@ import libcst as cst
 
 from accelify.transform.analysis import Scope, key_of
 from accelify.transform.neighbours import FETCHES
-from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
+from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 from accelify.transform.walk import Visitor, walk
 
-# (function) -> packages it comes from: it writes the file named by its arguments.
-_WRITERS = {
-    "save_image": ("torchvision",),
-    "save": ("numpy",),
-    "savez": ("numpy",),
-    "savez_compressed": ("numpy",),
-    "savetxt": ("numpy",),
-    "imsave": ("matplotlib", "imageio", "skimage"),
-    "show": ("matplotlib",),
-    "remove": ("os",),
-    "unlink": ("os",),
-    "rmtree": ("shutil",),
-    "makedirs": ("os",),
-    "mkdir": ("os",),
-}
-_WRITER_METHODS = frozenset({"savefig", "to_csv"})
 _WRITE_MODES = frozenset("wax")
 _LOGGERS = ("SummaryWriter", "Logger", "Writer")
 
@@ -141,10 +125,7 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
         item = a.parent(call)
         with_ = a.parent(item) if isinstance(item, cst.WithItem) else None
         return with_ if isinstance(with_, cst.With) and _writing_mode(call) else None  # type: ignore[return-value]
-    writes_file = (name in _WRITERS and a.names.from_package(call.func, *_WRITERS[name])) or (
-        name in _WRITER_METHODS and isinstance(call.func, cst.Attribute)
-    )
-    if not writes_file or not isinstance(a.parent(call), cst.Expr):
+    if disk_writer(call, a.names) is None or not isinstance(a.parent(call), cst.Expr):
         return None  # a write inside a bigger expression is not the line's only effect
     return _alone(plan, call)
 
