@@ -1,0 +1,123 @@
+"""Hand-written DDP -> Accelerate: each rewrite where its condition holds, a whole-file refusal
+where it does not (the golden cases are in fixtures/convert/ddp/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelify.transform.convert import Result, convert
+
+HEAD = """import os
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+"""
+LOADER = "    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))\n"
+MODEL = "    model = DDP(torch.nn.Linear(4, 1))\n"
+TRAIN = """    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def _convert(*parts: str) -> Result:
+    return convert(HEAD + "".join(parts))
+
+
+def _refusal(result: Result) -> str:
+    assert not result.changed
+    return " ".join(n.message for n in result.manual)
+
+
+def test_sampler_default_shuffles_like_distributed_sampler() -> None:
+    code = _convert(LOADER, MODEL, TRAIN).code
+    assert "DataLoader(data, batch_size=4, shuffle=True)" in code
+    assert "DistributedSampler" not in code and "DDP" not in code
+
+
+def test_save_under_rank_guard_gets_no_wait_that_only_rank_zero_would_reach() -> None:
+    save = '    if rank == 0:\n        torch.save(model.module.state_dict(), "m.pt")\n'
+    code = _convert(LOADER, MODEL, TRAIN, save).code
+    assert (
+        "if accelerator.is_main_process:\n"
+        '        accelerator.save(accelerator.unwrap_model(model).state_dict(), "m.pt")' in code
+    )
+    assert "wait_for_everyone" not in code
+
+
+def test_barrier_and_sum_become_accelerator_calls() -> None:
+    tail = (
+        "    total = torch.zeros(1)\n"
+        "    dist.all_reduce(total, op=dist.ReduceOp.SUM)\n"
+        "    dist.barrier()\n"
+    )
+    code = _convert(LOADER, MODEL, TRAIN, tail).code
+    assert 'total = accelerator.reduce(total, "sum")' in code
+    assert "accelerator.wait_for_everyone()" in code
+
+
+def test_ddp_options_that_matter_become_a_kwargs_handler() -> None:
+    model = "    model = DDP(torch.nn.Linear(4, 1), device_ids=None, static_graph=True)\n"
+    code = _convert(LOADER, model, TRAIN).code
+    assert "kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True)]" in code
+
+
+def test_environment_read_as_a_string_keeps_its_type() -> None:
+    tail = '    print(os.environ["RANK"] == "0")\n'
+    code = _convert(LOADER, MODEL, TRAIN, tail).code
+    assert 'os.environ["RANK"] == "0"' in code
+
+
+@pytest.mark.parametrize(
+    ("parts", "why"),
+    [
+        (
+            (LOADER, "    model = DDP(torch.nn.Linear(4, 1), process_group=None)\n", TRAIN),
+            "process_group",
+        ),
+        (
+            (
+                LOADER,
+                MODEL,
+                TRAIN,
+                "    t = torch.ones(1)\n    dist.all_reduce(t, op=dist.ReduceOp.MAX)\n",
+            ),
+            "all_reduce",
+        ),
+        ((LOADER, MODEL, TRAIN, "    print(other.module)\n"), ".module"),
+        (
+            (LOADER, "    sampler = DistributedSampler(data, drop_last=True)\n", MODEL, TRAIN),
+            "drop_last",
+        ),
+    ],
+    ids=["ddp-process-group", "all-reduce-max", "untraced-module", "sampler-drop-last"],
+)
+def test_what_cannot_be_mapped_leaves_the_file_unchanged(parts: tuple[str, ...], why: str) -> None:
+    assert why in _refusal(_convert(*parts))
+
+
+def test_sharded_loader_that_would_not_be_prepared_is_refused() -> None:
+    evaluation = (
+        "    sharded = DistributedSampler(data, shuffle=False)\n"
+        "    test = DataLoader(data, batch_size=4, sampler=sharded)\n"
+        "    with torch.no_grad():\n"
+        "        correct = sum(float(model(x).sum()) for x, _ in test)\n"
+    )
+    assert "would not prepare" in _refusal(_convert(LOADER, MODEL, TRAIN, evaluation))
+
+
+def test_processes_that_train_apart_are_not_turned_into_ddp() -> None:
+    """init_process_group without DDP: every process trains its own model; prepare() would
+    synchronise them, a different program."""
+    result = _convert(LOADER, "    model = torch.nn.Linear(4, 1)\n", TRAIN)
+    assert "hand-written distribution" in _refusal(result)

@@ -1,0 +1,186 @@
+"""Hand-written DDP training scripts for the differential oracle, and the judge that runs them.
+
+One program, written in every combination of: how its processes start (``torchrun``, or
+``mp.spawn`` from the script), whether its ``DistributedSampler`` shuffles, whether it saves a
+checkpoint under a rank guard every epoch, whether it all-reduces its loss sum, and whether it
+accumulates gradients under ``no_sync()`` (which the converter refuses). Each script writes, from
+rank 0, what it did: optimizer steps, samples seen by that rank, the last epoch's mean loss and
+the final weights (to ``$DDP_OUT/result.pt``).
+
+The original runs under ``torchrun --nproc-per-node 2`` (gloo; ``mp.spawn`` scripts start their
+two processes themselves) and the conversion under ``accel-run --cpu --num-processes 2``:
+
+- unshuffled, each optimizer step sees the same union of samples under both (DistributedSampler
+  interleaves samples over ranks, the prepared loader deals out whole batches), and DDP averages
+  the two ranks' gradients either way, so the final weights agree within fp32 rounding;
+- shuffled, the order differs (the sampler's and the loader's generators are not the same), so
+  steps and samples per rank must agree exactly and the final loss within ``LOSS_TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from runner import BIN, _free_port, clean_env
+
+from accelify.transform.convert import Options, convert
+
+AXES: dict[str, tuple[str, ...]] = {
+    "launch": ("torchrun", "spawn"),
+    "shuffle": ("False", "True"),
+    "save": ("none", "guarded"),
+    "reduce": ("none", "all_reduce"),
+    "accumulate": ("none", "no_sync"),
+}
+# A linear model fits a linear target with noise of variance 0.01 (a convex problem): after four
+# epochs its last-epoch mean loss depends on the sample order only. Simulated over 20 shuffles,
+# rank 0's mean ranges over 0.0052..0.0092 (spread 0.004); the tolerance is 1.5 times that.
+LOSS_TOLERANCE = 0.006
+
+_HEADER = """import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+"""
+_SPAWN_SETUP = """def setup(rank, world_size):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = os.environ["DDP_PORT"]
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def main(rank, world_size, epochs=4):
+    setup(rank, world_size)
+"""
+_TORCHRUN_SETUP = """def main(epochs=4):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    world_size = dist.get_world_size()
+"""
+_BODY = """    torch.manual_seed(0)
+    inputs = torch.randn(96, 8)
+    data = TensorDataset(inputs, inputs @ torch.randn(8, 1) + 0.1 * torch.randn(96, 1))
+    sampler = DistributedSampler(data, shuffle={shuffle})
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    model = DDP(nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    seen = 0
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        total = torch.zeros(1)
+        for i, (x, y) in enumerate(loader):
+{step}            seen += len(x)
+            total += F.mse_loss(model(x), y).detach()
+{reduce}{save}    result = {{"steps": steps, "seen": seen, "final": total / len(loader)}}
+    result["weights"] = model.module.state_dict()
+    if rank == 0:
+        torch.save(result, os.path.join(os.environ["DDP_OUT"], "result.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+"""
+_STEP = """            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+            steps += 1
+"""
+_NO_SYNC_STEP = """            if i % 2 == 0:
+                with model.no_sync():
+                    (F.mse_loss(model(x), y) / 2).backward()
+                continue
+            (F.mse_loss(model(x), y) / 2).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+"""
+_REDUCE = "        dist.all_reduce(total)\n        total = total / world_size\n"
+_SAVE = """        if rank == 0:
+            torch.save(model.module.state_dict(), os.path.join(os.environ["DDP_OUT"], "epoch.pt"))
+"""
+
+
+def variants() -> list[dict[str, str]]:
+    return [dict(zip(AXES, values, strict=True)) for values in itertools.product(*AXES.values())]
+
+
+def name(choice: dict[str, str]) -> str:
+    return "-".join(f"{k}={v}" for k, v in choice.items())
+
+
+def render(choice: dict[str, str]) -> str:
+    spawn = choice["launch"] == "spawn"
+    body = _BODY.format(
+        shuffle=choice["shuffle"],
+        step=_NO_SYNC_STEP if choice["accumulate"] == "no_sync" else _STEP,
+        reduce=_REDUCE if choice["reduce"] == "all_reduce" else "",
+        save=_SAVE if choice["save"] == "guarded" else "",
+    )
+    start = "    mp.spawn(main, args=(2,), nprocs=2)\n" if spawn else "    main()\n"
+    return _HEADER + (_SPAWN_SETUP if spawn else _TORCHRUN_SETUP) + body + start
+
+
+@dataclass
+class Outcome:
+    """What one run left behind: its exit code, output, and rank 0's result (None if none)."""
+
+    code: int
+    output: str
+    result: dict | None
+
+
+def run(source: str, command: list[str], timeout: float = 300) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="ddp-oracle-") as tmp:
+        script = Path(tmp) / "train.py"
+        script.write_text(source)
+        env = {**clean_env(), "DDP_OUT": tmp, "DDP_PORT": str(_free_port())}
+        try:
+            done = subprocess.run(
+                [*command, str(script)], cwd=tmp, env=env, capture_output=True, text=True,
+                timeout=timeout, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Outcome(-9, "timed out", None)
+        path = Path(tmp) / "result.pt"
+        result = torch.load(path, weights_only=True) if path.exists() else None
+        return Outcome(done.returncode, (done.stdout + done.stderr)[-3000:], result)
+
+
+def original(source: str, choice: dict[str, str]) -> Outcome:
+    if choice["launch"] == "spawn":
+        return run(source, [sys.executable])
+    port = str(_free_port())
+    return run(source, [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", port])
+
+
+def converted(code: str) -> Outcome:
+    return run(code, [str(BIN / "accel-run"), "--cpu", "--num-processes", "2"])
+
+
+def differences(choice: dict[str, str], a: dict, b: dict) -> list[str]:
+    """What differs between the original's result ``a`` and the conversion's ``b``."""
+    out = [f"{k}: {a[k]} != {b[k]}" for k in ("steps", "seen") if a[k] != b[k]]
+    if choice["shuffle"] == "False":
+        for key, value in a["weights"].items():
+            if not torch.allclose(value, b["weights"][key], rtol=1e-5, atol=1e-6):
+                out.append(f"weight {key} differs by {(value - b['weights'][key]).abs().max()}")
+    if abs(float(a["final"]) - float(b["final"])) > LOSS_TOLERANCE:
+        out.append(f"final loss {float(a['final']):.5f} vs {float(b['final']):.5f}")
+    return out
+
+
+def convert_script(source: str) -> str:
+    return convert(source, Options(), path="train.py").code

@@ -1,0 +1,72 @@
+"""The differential oracle on hand-written DDP scripts (ddp_programs.py): the original under
+torchrun (or its own mp.spawn) against its conversion under accel-run, both on two CPU processes."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ddp_programs import (
+    AXES,
+    convert_script,
+    converted,
+    differences,
+    name,
+    original,
+    render,
+    variants,
+)
+
+from accelify.transform.convert import convert
+
+# Every value of every axis, in four runs (no_sync is refused: nothing to run).
+SAMPLE = [
+    {"launch": "torchrun", "shuffle": "False", "save": "guarded", "reduce": "all_reduce"},
+    {"launch": "spawn", "shuffle": "False", "save": "none", "reduce": "none"},
+    {"launch": "torchrun", "shuffle": "True", "save": "none", "reduce": "all_reduce"},
+    {"launch": "spawn", "shuffle": "True", "save": "guarded", "reduce": "none"},
+]
+SAMPLE = [{**choice, "accumulate": "none"} for choice in SAMPLE]
+
+
+def _main_of(code: str) -> str:
+    """The converted ``main()`` function's source."""
+    tree = ast.parse(code)
+    return next(
+        ast.unparse(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"
+    )
+
+
+def test_sample_covers_every_axis_value() -> None:
+    seen = {(axis, choice[axis]) for choice in SAMPLE for axis in AXES if axis != "accumulate"}
+    assert seen == {(a, v) for a, values in AXES.items() if a != "accumulate" for v in values}
+
+
+@pytest.mark.parametrize("choice", [c for c in variants() if c["launch"] == "torchrun"], ids=name)
+def test_torchrun_and_spawn_forms_convert_to_the_same_main(choice: dict[str, str]) -> None:
+    spawned = {**choice, "launch": "spawn"}
+    torchrun_result = convert(render(choice))
+    spawn_result = convert(render(spawned))
+    if choice["accumulate"] == "no_sync":
+        assert not torchrun_result.changed and not spawn_result.changed
+        assert all("no_sync" in n.message for n in (*torchrun_result.manual, *spawn_result.manual))
+        return
+    assert torchrun_result.changed and not torchrun_result.manual
+    assert _main_of(torchrun_result.code) == _main_of(spawn_result.code)
+    assert "torch.distributed" not in spawn_result.code and "mp.spawn" not in spawn_result.code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", SAMPLE, ids=name)
+def test_converted_ddp_script_trains_like_the_original(choice: dict[str, str]) -> None:
+    source = render(choice)
+    before = original(source, choice)
+    assert before.code == 0 and before.result is not None, before.output
+    after = converted(convert_script(source))
+    assert after.code == 0 and after.result is not None, after.output
+    assert differences(choice, before.result, after.result) == []

@@ -1,0 +1,118 @@
+"""Hand-written DistributedDataParallel -> the script it would be on one process, plus what must
+stay rank-aware; the conversion then makes that an Accelerate script.
+
+Each module here is one rewrite, with its cases in its docstring: :mod:`.refuse` (what is never
+converted), :mod:`.switch` (``ddp = "RANK" in os.environ`` paths), :mod:`.spawn` (``mp.spawn``),
+:mod:`.ranks` (rank reads and guards), :mod:`.process_group`, :mod:`.wrapper` (``DDP(...)``,
+``.module``), :mod:`.sampler` (``DistributedSampler``), :mod:`.collectives` (``all_reduce``,
+``barrier``). Values that come from the accelerator are written as placeholders, which
+:mod:`.resolve` (a step of the conversion) places once it knows where the accelerator lives.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis, analyse
+from accelify.transform.distributed.collectives import collectives
+from accelify.transform.distributed.context import PREFIX, Rewrite
+from accelify.transform.distributed.imports import drop_unused_imports
+from accelify.transform.distributed.process_group import drop_process_group
+from accelify.transform.distributed.ranks import rank_sources, rank_uses
+from accelify.transform.distributed.refuse import refuse_other_parallelism
+from accelify.transform.distributed.resolve import resolver
+from accelify.transform.distributed.sampler import drop_samplers
+from accelify.transform.distributed.spawn import unspawn
+from accelify.transform.distributed.switch import collapse_switches
+from accelify.transform.distributed.wrapper import unwrap_ddp
+from accelify.transform.edits import apply
+from accelify.transform.gate import file_verdict
+from accelify.transform.plan import Note, Step
+from accelify.transform.setup import Refused
+
+__all__ = ["PREFIX", "Dedistributed", "dedistribute"]
+
+# After refuse_other_parallelism, in the order they run: spawn's rank parameters and the
+# switch's dropped branches are known
+# before ranks are read, and ranks before the guards and devices that use them.
+_REWRITES: tuple[Callable[[Rewrite], None], ...] = (
+    collapse_switches,
+    unspawn,
+    rank_sources,
+    rank_uses,
+    drop_process_group,
+    unwrap_ddp,
+    drop_samplers,
+    collectives,
+)
+# Words without which a file cannot distribute itself: most files skip the analysis here.
+_HINTS = ("torch.distributed", "DistributedDataParallel", "DistributedSampler", "multiprocessing")
+
+
+@dataclass(frozen=True)
+class Dedistributed:
+    """The single-process script (None when the file is refused, with the reason in ``notes``)."""
+
+    module: cst.Module | None
+    notes: tuple[Note, ...]
+    source_lines: list[int] = field(default_factory=list)  # intermediate line - 1 -> original
+    step: Step | None = None
+
+    def original_line(self, line: int) -> int:
+        return (
+            self.source_lines[min(line, len(self.source_lines)) - 1] if self.source_lines else line
+        )
+
+
+def dedistribute(module: cst.Module, source: str) -> Dedistributed | None:
+    """None when the file does not train a DistributedDataParallel model by hand: a file that
+    starts processes but trains each apart is a different program from a prepared one, and the
+    file's verdict refuses it."""
+    if not any(hint in source for hint in _HINTS):
+        return None
+    analysis = analyse(module)
+    verdict = file_verdict(analysis, analysis.names)
+    if verdict is None or verdict.skip:
+        return None
+    rewrite = Rewrite(analysis)
+    try:
+        refuse_other_parallelism(rewrite)
+        if not _wraps_ddp(analysis):
+            return None  # processes that train apart (no DDP) would be changed by prepare()
+        for run in _REWRITES:
+            run(rewrite)
+    except Refused as refused:
+        why = f"left unchanged: {refused.reason}"
+        note = Note(analysis.line(refused.node), why, manual=True, node=refused.node)
+        return Dedistributed(None, (note,))
+    intermediate = drop_unused_imports(apply(module, rewrite.edits, analysis.parents))
+    return Dedistributed(
+        intermediate,
+        tuple(rewrite.notes),
+        _line_map(source, intermediate.code),
+        resolver(rewrite.ddp_options),
+    )
+
+
+def _wraps_ddp(a: Analysis) -> bool:
+    return any(
+        a.names.refers_to(call.func, ("torch",), "DistributedDataParallel") for call, _s in a.calls
+    )
+
+
+def _line_map(original: str, intermediate: str) -> list[int]:
+    """For each line of the intermediate script, the original line it comes from (a new line:
+    the original line it replaced, or the one before it)."""
+    old, new = original.splitlines(), intermediate.splitlines()
+    out = [0] * max(len(new), 1)
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(
+        None, old, new, autojunk=False
+    ).get_opcodes():
+        for j in range(j1, j2):
+            i = i1 + (j - j1) if tag == "equal" else min(i1 + (j - j1), max(i2 - 1, i1))
+            out[j] = min(i, max(len(old) - 1, 0)) + 1
+    return out

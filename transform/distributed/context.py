@@ -1,0 +1,114 @@
+"""What the rewrites of hand-written distribution share: the original's analysis, the edits they
+plan on it, their report, and what they learnt about the script's rank values.
+
+Every rewrite reads the *original* tree and records edits keyed by its nodes (as the conversion
+steps do), so the report's lines are the user's and one traversal applies all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.edits import Edits
+from accelify.transform.plan import Note
+from accelify.transform.setup import Refused
+from accelify.transform.walk import Visitor, walk
+
+# A value or action the single-process script gets from the accelerator. The rewrites write
+# ``__accelify_<what>__`` in the intermediate script; :mod:`.resolve` turns it into
+# ``accelerator.<what>`` where the accelerator is reachable, or ``PartialState().<what>``.
+PREFIX = "__accelify_"
+
+
+def placeholder(what: str) -> cst.Name:
+    return cst.Name(f"{PREFIX}{what}__")
+
+
+def placeholder_of(node: cst.CSTNode) -> str | None:
+    """``what`` for a placeholder name, else None."""
+    if isinstance(node, cst.Name) and node.value.startswith(PREFIX) and node.value.endswith("__"):
+        return node.value[len(PREFIX) : -2]
+    return None
+
+
+@dataclass
+class Rewrite:
+    """Shared by the rewrites of one file, in the order :func:`dedistribute` runs them."""
+
+    analysis: Analysis
+    edits: Edits = field(default_factory=Edits)
+    notes: list[Note] = field(default_factory=list)
+    # DistributedDataParallel keyword options that carry over (``find_unused_parameters=True``).
+    ddp_options: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    # (id of the scope's node or its class, key) -> the placeholder its value now comes from.
+    ranks: dict[tuple[int, str], str] = field(default_factory=dict)
+    dropped: list[cst.CSTNode] = field(default_factory=list)  # branches only a 1-process run took
+
+    def changed(self, node: cst.CSTNode, message: str) -> None:
+        self.notes.append(Note(self.analysis.line(node), message))
+
+    def refuse(self, node: cst.CSTNode, why: str) -> Refused:
+        return Refused(node, why)
+
+    def remove(self, statement: cst.CSTNode) -> None:
+        """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
+        self.edits.remove(statement)  # type: ignore[arg-type]
+        block = self.analysis.parent(statement)
+        owner = self.analysis.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if (
+            isinstance(owner, cst.If)
+            and owner.orelse is None
+            and all(self.edits.is_removed(s) for s in block.body)  # type: ignore[union-attr]
+        ):
+            self.remove(owner)
+
+    def bare_statement(self, call: cst.Call) -> cst.BaseStatement:
+        """The statement line that is only ``call``; :class:`Refused` if its value is used."""
+        parent = self.analysis.parent(call)
+        line = self.analysis.parent(parent) if isinstance(parent, cst.Expr) else None
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            raise self.refuse(call, "its result is used; convert by hand")
+        return line
+
+    def owner(self, scope: Scope, key: str) -> int:
+        """Where ``key`` lives: a ``self.`` attribute in its class, a name in its function (or
+        at module level when the function only reads it)."""
+        if key.startswith("self.") and scope.cls is not None:
+            return id(scope.cls)
+        if not scope.is_module and self.analysis.reads_global(scope, key):
+            return id(self.analysis.scopes[0].node)
+        return id(scope.node)
+
+    def rank_of(self, expr: cst.BaseExpression) -> str | None:
+        """The placeholder a name or ``self.`` attribute holding a rank value now reads."""
+        key = key_of(expr)
+        if key is None:
+            return None
+        scope = self.analysis.scope_of.get(id(expr))
+        return self.ranks.get((self.owner(scope, key), key)) if scope is not None else None
+
+
+def nodes(root: cst.CSTNode, kind: type[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    """Every node of type ``kind`` under ``root``, in source order."""
+    found: list[cst.CSTNode] = []
+    walk(root, _Collect(kind, found))
+    return iter(found)
+
+
+class _Collect(Visitor):
+    def __init__(self, kind: type[cst.CSTNode], found: list[cst.CSTNode]) -> None:
+        super().__init__()
+        self.kind = kind
+        self.found = found
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, self.kind):
+            self.found.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        return None

@@ -1,0 +1,184 @@
+"""The conversion step that gives the rewritten script's rank values and actions their source.
+
+It runs inside the conversion of the intermediate (single-process) script, after every other
+step has planned and before the accelerator is written, so it knows where the accelerator is:
+``__accelify_process_index__`` becomes ``accelerator.process_index`` where code can reach the
+accelerator (threading it into functions as other steps do), ``PartialState().process_index``
+where it cannot (before it exists, in a class it does not live in). It also checks what only the
+conversion knows: a loader that was sharded is prepared; and it takes back every
+``wait_for_everyone()`` the save step put under a condition, which in a DDP script is likely a
+rank guard (only the main process would wait: a hang).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.distributed.context import nodes, placeholder_of
+from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused, origins
+
+# Placeholders read as attributes of the accelerator (or of PartialState, which has them too).
+_ATTRIBUTES = frozenset(
+    {
+        "process_index",
+        "local_process_index",
+        "num_processes",
+        "is_main_process",
+        "is_local_main_process",
+        "device",
+        "wait_for_everyone",
+    }
+)
+
+
+def resolver(ddp_options: dict[str, cst.BaseExpression]) -> Callable[[Plan], None]:
+    """The step, with the DistributedDataParallel options the rewrite carried over."""
+
+    def resolve(plan: Plan) -> None:
+        if plan.setup is None:
+            return
+        for name in list(nodes(plan.analysis.module, cst.Name)):
+            what = placeholder_of(name)
+            if what is not None:
+                _resolve(plan, name, what)  # type: ignore[arg-type]
+        _ddp_options(plan, ddp_options)
+        _no_waits_under_conditions(plan)
+
+    return resolve
+
+
+def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
+    a = plan.analysis
+    parent = a.parent(name)
+    call = parent if isinstance(parent, cst.Call) and parent.func is name else None
+    if what in _ATTRIBUTES:
+        plan.edits.replace(name, cst.Attribute(_state(plan, name), cst.Name(what)))
+    elif what == "end_training" and call is not None:
+        accelerator = plan.accelerator(name, optional=True)
+        if accelerator is None:
+            plan.remove(a.statement_of(call))
+        else:
+            plan.edits.replace(name, cst.Attribute(accelerator, cst.Name("end_training")))
+    elif what == "reduce" and call is not None:
+        accelerator = plan.accelerator(name)
+        plan.edits.replace(name, cst.Attribute(accelerator, cst.Name("reduce")))  # type: ignore[arg-type]
+    elif what == "set_epoch" and call is not None:
+        _set_epoch(plan, call)
+    elif what == "sharded" and call is not None:
+        _sharded(plan, call)
+        plan.edits.replace(call, call.args[0].value)
+    else:
+        raise Refused(name, f"cannot place {what} here")
+
+
+def _state(plan: Plan, node: cst.CSTNode) -> cst.BaseExpression:
+    accelerator = plan.accelerator(node, optional=True)
+    if accelerator is not None:
+        return accelerator
+    plan.imports.add("PartialState")
+    return cst.parse_expression("PartialState()")
+
+
+def _set_epoch(plan: Plan, call: cst.Call) -> None:
+    """``loader.set_epoch(e)`` for a prepared loader; gone for one every process reads whole."""
+    loader, epoch = (arg.value for arg in call.args)
+    if _prepared(plan, loader):
+        plan.edits.replace(
+            call, cst.Call(cst.Attribute(loader, cst.Name("set_epoch")), [cst.Arg(epoch)])
+        )
+    else:
+        plan.remove(plan.analysis.statement_of(call))
+
+
+def _prepared(plan: Plan, loader: cst.BaseExpression) -> bool:
+    setup = plan.setup
+    key = key_of(loader)
+    scope = plan.analysis.scope_of.get(id(loader))
+    if setup is None or key is None or scope is None:
+        return False
+    found = origins(plan.analysis, setup.scope, scope, key)
+    return bool(found) and found <= setup.loaders
+
+
+def _sharded(plan: Plan, marker: cst.Call) -> None:
+    """Refuse unless the loader whose DistributedSampler went is prepared."""
+    a = plan.analysis
+    loader = a.parent(a.parent(marker))  # marker -> Arg -> DataLoader(...)
+    holder = a.parent(loader)  # type: ignore[arg-type]
+    if isinstance(holder, cst.Assign) and len(holder.targets) == 1:
+        if _prepared(plan, holder.targets[0].target):
+            return
+    elif isinstance(holder, cst.Return):
+        function = a.scope_of[id(holder)]
+        built = [_prepared(plan, t) for t in _results_of(a, function)]
+        if built and all(built):
+            return
+    raise Refused(
+        loader,  # type: ignore[arg-type]
+        "this loader was sharded by a DistributedSampler, but the conversion would not prepare "
+        "it: every process would read all of it (and a sum of it reduced N times over)",
+    )
+
+
+def _results_of(a: Analysis, function: Scope) -> list[cst.BaseExpression]:
+    """The names assigned from calls of ``function``."""
+    out = []
+    for b in a.bindings:
+        if isinstance(b.value, cst.Call) and a.callee(b.value) is function:
+            out.append(b.node.targets[0].target)  # type: ignore[union-attr]
+    return out
+
+
+def _ddp_options(plan: Plan, options: dict[str, cst.BaseExpression]) -> None:
+    if not options:
+        return
+    merged = dict(options)
+    if "kwargs_handlers" in plan.accelerator_kwargs:  # the prepare step's: part of a model trains
+        merged["find_unused_parameters"] = cst.Name("True")
+    args = ", ".join(f"{k}={plan.analysis.module.code_for_node(v)}" for k, v in merged.items())
+    plan.accelerator_kwargs["kwargs_handlers"] = cst.parse_expression(
+        f"[DistributedDataParallelKwargs({args})]"
+    )
+    plan.imports.add("DistributedDataParallelKwargs")
+
+
+def _no_waits_under_conditions(plan: Plan) -> None:
+    """Take back the waits other steps put where only some processes may run."""
+    a = plan.analysis
+    statements = {id(s): s for s in nodes(a.module, cst.BaseStatement)}
+    for inserted in (plan.edits.before, plan.edits.after):
+        for anchor_id, new in inserted.items():
+            anchor = statements.get(anchor_id)
+            if anchor is None or not _conditional(a, anchor, set()):
+                continue
+            kept = [s for s in new if not _is_wait(s)]
+            if len(kept) != len(new):
+                lead = next(s for s in new if _is_wait(s)).leading_lines  # type: ignore[attr-defined]
+                plan.edits.replace(
+                    anchor, lambda node, lead=lead: node.with_changes(leading_lines=lead)
+                )
+                new[:] = kept
+
+
+def _is_wait(statement: cst.BaseStatement) -> bool:
+    return "wait_for_everyone()" in cst.Module([statement]).code and isinstance(
+        statement, cst.SimpleStatementLine
+    )
+
+
+def _conditional(a: Analysis, node: cst.CSTNode, seen: set[int]) -> bool:
+    """Whether ``node`` runs under an ``if`` (in its function, or at a call of the function)."""
+    current = a.parent(node)
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        if isinstance(current, cst.If | cst.IfExp | cst.While):
+            return True
+        current = a.parent(current)
+    scope = a.scope_of.get(id(node))
+    if scope is None or scope.is_module or id(scope) in seen:
+        return False
+    seen.add(id(scope))
+    return any(_conditional(a, call, seen) for call, _s in a.calls if a.callee(call) is scope)

@@ -1,0 +1,112 @@
+"""``mp.spawn(main, args=(a, world_size), nprocs=world_size)`` -> ``main(a)``.
+
+``accel-run`` starts the processes now, so the spawned function is called once per process, as
+a plain call. Its first parameter (the rank ``spawn`` passes) and any parameter given the
+``nprocs`` value (the world size) become its first statements, read from the accelerator: the
+function then reads exactly as the same program written for ``torchrun`` does
+(``rank = dist.get_rank()``), and both convert to the same code.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.transform.distributed.context import Rewrite, placeholder
+from accelify.transform.patterns import dotted_name, keyword_arg
+
+
+def unspawn(r: Rewrite) -> None:
+    a = r.analysis
+    for call, _scope in a.calls:
+        if a.names.last_part(call.func) != "spawn" or not a.names.from_package(
+            call.func, "torch.multiprocessing"
+        ):
+            continue
+        _unspawn(r, call)
+
+
+def _unspawn(r: Rewrite, call: cst.Call) -> None:
+    a = r.analysis
+    statement = r.bare_statement(call)
+    allowed = {"args", "nprocs", "join"}
+    if (
+        not call.args
+        or call.args[0].keyword is not None
+        or any(
+            arg.keyword is not None and arg.keyword.value not in allowed for arg in call.args[1:]
+        )
+    ):
+        raise r.refuse(call, "this mp.spawn call has options accel-run cannot take over")
+    target = a.functions.get(dotted_name(call.args[0].value) or "")
+    if target is None or target.cls is not None:
+        raise r.refuse(call, "the spawned function is not a function of this file")
+    if sum(dotted_name(c.func) == target.name for c, _s in a.calls) != 0:
+        raise r.refuse(call, f"{target.name}() is also called directly")
+    spawned = keyword_arg(call, "args")
+    values = _arguments(spawned.value if spawned is not None else None)
+    if values is None:
+        raise r.refuse(call, "mp.spawn's args are not a literal tuple")
+    nprocs = keyword_arg(call, "nprocs")
+    size = a.module.code_for_node(nprocs.value) if nprocs is not None else None
+    function: cst.FunctionDef = target.node  # type: ignore[assignment]
+    params = function.params
+    if (
+        params.star_arg is not cst.MaybeSentinel.DEFAULT
+        or params.posonly_params
+        or len(params.params) < len(values) + 1
+        or any(p.default is not None for p in params.params[: len(values) + 1])
+    ):
+        raise r.refuse(function, f"{target.name}()'s parameters do not match mp.spawn's args")
+    sized = {
+        i
+        for i, value in enumerate(values)
+        if size is not None and a.module.code_for_node(value) == size
+    }
+    rest = params.params[1:]
+    reads = [(params.params[0].name.value, "process_index")]
+    reads += [(rest[i].name.value, "num_processes") for i in sorted(sized)]
+    kept = [p for i, p in enumerate(rest) if i not in sized]
+    r.edits.replace(params, params.with_changes(params=_commas(kept)))
+    statements = [
+        cst.parse_statement(f"{name} = {placeholder(what).value}\n") for name, what in reads
+    ]
+    _insert_at_top(r, function, statements)
+    for name, what in reads:
+        r.ranks[(id(function), name)] = what
+    passed = [cst.Arg(v) for i, v in enumerate(values) if i not in sized]
+    plain = cst.Expr(cst.Call(call.args[0].value, args=_commas_args(passed)))
+    r.edits.replace(statement, lambda node: node.with_changes(body=[plain]))
+    r.changed(call, f"mp.spawn -> a plain call of {target.name}(): accel-run starts the processes")
+
+
+def _arguments(expr: cst.BaseExpression | None) -> list[cst.BaseExpression] | None:
+    if expr is None:
+        return []
+    if isinstance(expr, cst.Tuple | cst.List) and all(
+        isinstance(e, cst.Element) for e in expr.elements
+    ):
+        return [e.value for e in expr.elements]
+    return None
+
+
+def _commas(params: list[cst.Param]) -> list[cst.Param]:
+    return [
+        p.with_changes(comma=cst.MaybeSentinel.DEFAULT) if i == len(params) - 1 else p
+        for i, p in enumerate(params)
+    ]
+
+
+def _commas_args(args: list[cst.Arg]) -> list[cst.Arg]:
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [a.with_changes(comma=comma) for a in args[:-1]] + args[-1:]
+
+
+def _insert_at_top(r: Rewrite, function: cst.FunctionDef, new: list[cst.BaseStatement]) -> None:
+    """Put ``new`` first in the body, after its docstring."""
+    body = list(function.body.body)  # type: ignore[union-attr]
+    docstring = function.get_docstring(clean=False) is not None
+    anchor = body[1] if docstring and len(body) > 1 else body[0]
+    if docstring and len(body) == 1:
+        r.edits.insert_after(body[0], *new)
+    else:
+        r.edits.insert_before(anchor, *new, first=True)

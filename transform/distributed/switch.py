@@ -1,0 +1,77 @@
+"""``ddp = int(os.environ.get("RANK", -1)) != -1``: the script's switch between its distributed
+and its single-process paths (nanoGPT's shape).
+
+Under ``accel-run`` the distributed path is the one to keep: once its rank reads come from the
+accelerator it is also right on one process (rank 0 of 1, a world of 1), which is what the other
+path spelled out by hand. So ``if ddp:`` keeps its body and loses its ``else``, ``a if ddp else
+b`` becomes ``a``, and the switch itself goes. Any other read of it is refused: what it decides
+there is not known.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelify.transform.distributed.context import Rewrite, nodes
+from accelify.transform.distributed.ranks import ENVIRONMENT, environment_variable
+from accelify.transform.edits import comments_in
+
+
+def collapse_switches(r: Rewrite) -> None:
+    a = r.analysis
+    switches = {(r.owner(b.scope, b.key), b.key): b for b in a.bindings if _is_switch(r, b.value)}
+    if not switches:
+        return
+    for name in nodes(a.module, cst.Name):
+        scope = a.scope_of.get(id(name))
+        key = (r.owner(scope, name.value), name.value) if scope is not None else None  # type: ignore[attr-defined]
+        binding = switches.get(key)  # type: ignore[arg-type]
+        if binding is None or a.contains(binding.node, name):
+            continue
+        _collapse(r, name)  # type: ignore[arg-type]
+    for binding in switches.values():
+        if not isinstance(binding.node, cst.Assign) or len(binding.node.targets) != 1:
+            raise r.refuse(
+                binding.node, "this distributed/single-process switch is also bound otherwise"
+            )
+        r.remove(a.parent(binding.node))  # type: ignore[arg-type]
+        r.changed(
+            binding.node, "the distributed path is kept: under accel-run it also runs one process"
+        )
+
+
+def _is_switch(r: Rewrite, value: cst.BaseExpression | None) -> bool:
+    """A test of whether a launcher set the rank variables."""
+    if not isinstance(value, cst.Comparison) or len(value.comparisons) != 1:
+        return False
+    names = r.analysis.names
+    left, comparator = value.left, value.comparisons[0].comparator
+    if isinstance(left, cst.Call) and len(left.args) == 1:  # int(os.environ.get(...))
+        left = left.args[0].value
+    if isinstance(value.comparisons[0].operator, cst.In):  # "RANK" in os.environ
+        key = left.evaluated_value if isinstance(left, cst.SimpleString) else None
+        return key in ENVIRONMENT and names.refers_to(comparator, ("os",), "environ")
+    return environment_variable(names, left) in ENVIRONMENT
+
+
+def _collapse(r: Rewrite, name: cst.Name) -> None:
+    a = r.analysis
+    parent = a.parent(name)
+    if isinstance(parent, cst.If) and parent.test is name:
+        if isinstance(parent.orelse, cst.If):
+            raise r.refuse(parent, "an elif follows the distributed/single-process switch")
+        if parent.orelse is not None:
+            r.dropped.append(parent.orelse)
+            # The dropped branch's comments stay, above the kept body.
+            kept = [*parent.orelse.leading_lines, *comments_in(parent.orelse)]  # type: ignore[arg-type]
+            kept = [line for line in kept if line.comment is not None]
+            r.edits.replace(
+                parent, lambda node: node.with_changes(leading_lines=[*node.leading_lines, *kept])
+            )
+        r.edits.unwrap(parent)
+        return
+    if isinstance(parent, cst.IfExp) and parent.test is name:
+        r.dropped.append(parent.orelse)
+        r.edits.replace(parent, lambda node: node.body)  # type: ignore[attr-defined]
+        return
+    raise r.refuse(name, f"{name.value} switches between distributed and single-process code here")
