@@ -185,7 +185,8 @@ def _grow(head: str, tail: str, blocks: tuple[str, ...], target: int, rng: rando
     return "".join(parts)
 
 
-def _torch_file(script: str, target: int, rng: random.Random) -> str:
+def grow_script(script: str, target: int, rng: random.Random) -> str:
+    """``script`` with helper code inserted after its imports, to about ``target`` lines."""
     lines = script.splitlines(keepends=True)
     cut = _after_imports(script)
     head = "".join(lines[:cut]) + "import torch\nimport torch.nn as nn\n\n"
@@ -204,7 +205,7 @@ def build(root: Path, files: int, seed: int = 0) -> Corpus:
             text = _grow(PLAIN_HEADER.format(n=index), "", PLAIN_BLOCKS, target, rng)
             plain += 1
         else:
-            text = _torch_file(scripts[index % len(scripts)], target, rng)
+            text = grow_script(scripts[index % len(scripts)], target, rng)
         folder = root / f"project_{index % 8}"
         folder.mkdir(exist_ok=True)
         (folder / f"train_{index:04d}.py").write_text(text)

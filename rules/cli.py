@@ -12,7 +12,6 @@ from functools import partial
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from accelify.rules import config
 from accelify.rules.checks import all_rules
@@ -142,7 +141,7 @@ def _check(  # typer passes every parameter by name
         found = any(r.diff for r in results)
     else:
         report = io.StringIO() if output_file else None
-        out = Console(file=report, color_system=None) if report else term.console()
+        out = term.PlainConsole(report) if report else term.console()
         if statistics:
             render_statistics(results, out)
         elif output_format == "text":

@@ -2,7 +2,8 @@
 
 The traversal is a single read-only walk that dispatches each node to the facts visitor and then to
 every rule that has a handler for that node type (Fixit's batched visitor). Positions are resolved
-only when something was found, because ``PositionProvider`` costs about as much as the parse.
+only when something was found, and only for the reported nodes: libcst's ``PositionProvider`` costs
+about twice the parse and keeps a range for every node of the file (a tenth of its memory).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst._nodes.internal import CodegenState  # private: tests/test_memory.py pins it
+from libcst.metadata import CodePosition, CodeRange
 
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Report, Rule, Severity
@@ -23,6 +25,7 @@ from accelify.transform.walk import walk
 # A file that mentions none of these cannot contain anything the rules look for.
 _RELEVANT = re.compile(r"\b(torch|accelerate|accelify|Accelerator|cuda)\b")
 _FILE_NOQA = re.compile(r"^[ \t]*#[ \t]*accelify:[ \t]*noqa\b", re.MULTILINE | re.IGNORECASE)
+_NEWLINE = re.compile(r"\r\n?|\n")  # libcst's line breaks
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
 MAX_FIX_PASSES = 10
 
@@ -115,8 +118,84 @@ def _suppressed(report: Report, line_text: str) -> bool:
     return codes is None or report.rule.code in re.split(r"[\s,]+", codes.upper())
 
 
-def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
-    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+class _Syntactic:
+    """``record_syntactic_position``'s context: the span of the node's own syntax."""
+
+    __slots__ = ("_end_node", "_start", "_start_node", "_state")
+
+    def __init__(self, state: _Positions, start: object, end: object) -> None:
+        self._state, self._start_node, self._end_node = state, start, end
+
+    def __enter__(self) -> None:
+        self._start = (self._state.line, self._state.column)
+
+    def __exit__(self, *exc: object) -> None:
+        state = self._state
+        # libcst hoists the start or end from a direct child, whose span its frame holds.
+        children = state.frames[-1][2]
+        start = self._start if self._start_node is None else children[self._start_node][0]
+        end = (state.line, state.column) if self._end_node is None else children[self._end_node][1]
+        state.frames[-1][1] = (start, end)
+
+
+class _Positions(CodegenState):
+    """libcst's position codegen (``PositionProvider``: same spans, same hoisting), keeping the
+    spans of ``wanted`` nodes only. An open node's frame holds its children's spans until it
+    closes, so memory follows the tree's depth, not its size; no source text is assembled."""
+
+    def __init__(self, module: cst.Module, wanted: set[cst.CSTNode]) -> None:
+        super().__init__(module.default_indent, module.default_newline)
+        self.wanted = wanted
+        self.found: dict[cst.CSTNode, CodeRange] = {}
+        self.line, self.column = 1, 0
+        # Per open node: [start, its syntactic span or None, {child: span}].
+        self.frames: list[list] = [[(1, 0), None, {}]]
+
+    def _advance(self, value: str) -> None:
+        if "\n" in value or "\r" in value:
+            parts = _NEWLINE.split(value)
+            self.line += len(parts) - 1
+            self.column = len(parts[-1])
+        else:
+            self.column += len(value)
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.add_token(token)
+
+    def add_token(self, value: str) -> None:
+        if not self.tokens:  # ``Module`` asks only whether anything was written
+            self.tokens.append(value)
+        self._advance(value)
+
+    def pop_trailing_newline(self) -> None:
+        pass  # only the text would change: positions are recorded before it, as in libcst
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self.frames.append([(self.line, self.column), None, {}])
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start, syntactic, _children = self.frames.pop()
+        span = syntactic or (start, (self.line, self.column))
+        self.frames[-1][2][node] = span
+        if node in self.wanted:
+            self.found[node] = CodeRange(CodePosition(*span[0]), CodePosition(*span[1]))
+
+    def record_syntactic_position(  # type: ignore[override]
+        self,
+        node: cst.CSTNode,
+        *,
+        start_node: cst.CSTNode | None = None,
+        end_node: cst.CSTNode | None = None,
+    ) -> _Syntactic:
+        return _Syntactic(self, start_node, end_node)  # ``node`` is always the open one
+
+
+def positions(module: cst.Module, nodes: set[cst.CSTNode]) -> dict[cst.CSTNode, CodeRange]:
+    """The span of each of ``nodes`` (of ``module``), as libcst's ``PositionProvider`` gives it."""
+    state = _Positions(module, nodes)
+    module._codegen(state)
+    return state.found
 
 
 def _unsuppressed(
@@ -143,7 +222,8 @@ def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
         return []
     findings = []
     lines = text.splitlines()
-    for report, where in _unsuppressed(reports, _positions(module), text):
+    located = positions(module, {r.node for r in reports})
+    for report, where in _unsuppressed(reports, located, text):
         fix = None if report.new is None else "safe" if report.safe else "unsafe"
         findings.append(
             Finding(
@@ -203,9 +283,9 @@ def fix(text: str, rules: Sequence[type[Rule]], unsafe: bool = False) -> tuple[s
         ]
         if not wanted:
             break
-        positions = _positions(module)
+        spans = positions(module, {n for r in wanted for n in (r.node, r.old)})
         chosen = _non_overlapping(
-            [(r, positions[r.old]) for r, _ in _unsuppressed(wanted, positions, text)]  # type: ignore[index]
+            [(r, spans[r.old]) for r, _ in _unsuppressed(wanted, spans, text)]  # type: ignore[index]
         )
         code = _apply(module, [r for r, _ in chosen])
         if code is None:  # find the culprits one by one, keep the rest

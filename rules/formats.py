@@ -7,20 +7,19 @@ and valid even when some files failed (those errors go to stderr).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING, Literal
 
 from accelify.rules.engine import Finding
 from accelify.rules.rule import Rule, Severity
 from accelify.rules.runner import FileResult
-from accelify.transform.console import github_annotation
+from accelify.transform.console import PlainConsole, github_annotation
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 OutputFormat = Literal["text", "json", "github", "gitlab", "sarif"]
 _GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
@@ -38,7 +37,9 @@ def _pairs(results: Sequence[FileResult]) -> list[tuple[str, Finding]]:
     return [(r.path, f) for r in results for f in r.findings]
 
 
-def render_text(results: Sequence[FileResult], out: Console, show_fixes: bool = False) -> None:
+def render_text(
+    results: Sequence[FileResult], out: Console | PlainConsole, show_fixes: bool = False
+) -> None:
     """Findings one per line, excerpts on a terminal, and a summary (with ``show_fixes``, the
     fixes applied per file and rule, as Ruff's ``--show-fixes``)."""
     pairs = _pairs(results)
@@ -49,6 +50,8 @@ def render_text(results: Sequence[FileResult], out: Console, show_fixes: bool = 
                 f"{position(path, finding)}: {finding.code}{mark} {finding.message}", markup=False
             )
             continue
+        from rich.markup import escape  # only a terminal needs rich
+
         out.print(
             f"[bold]{escape(position(path, finding))}[/]: [{_STYLE[finding.severity]}]"
             f"{finding.code}[/]{mark} {escape(finding.message)}"
@@ -95,7 +98,7 @@ def render_text(results: Sequence[FileResult], out: Console, show_fixes: bool = 
         out.print("All checks passed!", markup=False)
 
 
-def render_statistics(results: Sequence[FileResult], out: Console) -> None:
+def render_statistics(results: Sequence[FileResult], out: Console | PlainConsole) -> None:
     """One line a rule that fired, most findings first (Ruff's ``--statistics``)."""
     counts = Counter((f.code, f.name, f.fix == "safe") for _, f in _pairs(results))
     for (code, name, safe), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -141,6 +144,8 @@ def render_github(results: Sequence[FileResult], rules: Sequence[type[Rule]]) ->
 
 def render_gitlab(results: Sequence[FileResult], rules: Sequence[type[Rule]]) -> str:
     """GitLab code quality report; fingerprints survive unrelated edits that move lines."""
+    import hashlib  # only this format: off the start-up path
+
     issues = []
     seen: dict[str, int] = {}
     for path, f in _pairs(results):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,7 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
         "distributed",
         "gpu",
         "exits",
+        "memory",
     ]
     for key, section in sections.items():
         if key == "gpu" and section["status"].startswith("skipped"):
@@ -103,3 +105,52 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
     table = (tmp_path / "results" / "latest.md").read_text()
     assert table in result.stdout
     assert "| accel-lint | 1 |" in table
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [("accelify.rules.cli", []), ("accelify.transform.cli", ["--check", "--quiet"])],
+)
+def test_start_up_in_a_pipe_does_not_load_rich(tool: str, args: list[str]) -> None:
+    """Section 2's budget: rich (~45 ms) loads only to style a terminal, never for a pipe."""
+    probe = (
+        f"import sys\nfrom {tool} import run\nrun(sys.argv[1:])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'), file=sys.stderr)"
+    )
+    script = ROOT / "fixtures" / "convert" / "mnist.in.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *args, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode in (0, 1), result.stderr
+    assert result.stderr.splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"FORCE_COLOR": "1"}, {"FORCE_COLOR": ""}, {"TTY_COMPATIBLE": "1"}, {"NO_COLOR": "1"}],
+)
+@pytest.mark.parametrize("color", ["auto", "always", "never"])
+def test_plain_console_only_where_rich_sees_no_terminal(
+    env: dict[str, str], color: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain writer stands in for rich exactly where rich would have written plain text."""
+    from rich.console import Console
+
+    from accelify.transform import console
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    console.use_color(color)  # type: ignore[arg-type]
+    try:
+        ours = console.console(stderr=True)
+        rich = Console(stderr=True, force_terminal=True if color == "always" else None)
+        assert ours.is_terminal == rich.is_terminal
+    finally:
+        console.use_color("auto")

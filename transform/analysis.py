@@ -4,7 +4,9 @@ Roles come from three kinds of evidence, strongest first: the constructor that b
 (``torch.optim.SGD(...)``), how the name is used (``opt(model.parameters())`` makes ``model`` a
 model, ``for batch in loader`` with a ``.backward()`` inside makes ``loader`` a loader), and call
 sites that pass a name into a function of the same file (``train(model, loader)`` gives the
-parameters the arguments' roles, and back). ``self.x`` attributes are tracked per class.
+parameters the arguments' roles, and back; ``Trainer(model, ...)`` reaches ``__init__``, and
+``model, optimizer = build()`` what ``build`` returns). ``self.x`` attributes are tracked per class,
+and one set once from a name (``self.model = model``) holds what that name holds.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Analysis:
     scope_of: dict[int, Scope] = field(default_factory=dict)  # id(any node) -> its scope
     model_classes: set[str] = field(default_factory=set)
     functions: dict[str, Scope] = field(default_factory=dict)  # module-level defs and methods
+    methods: dict[str, dict[str, Scope]] = field(default_factory=dict)  # class name -> its defs
     calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)
     # ``(... for x in loader)`` and friends: (comprehension's for, scope, the walked name's key).
     comprehensions: list[tuple[cst.CompFor, Scope, str]] = field(default_factory=list)
@@ -111,6 +114,9 @@ class Analysis:
     augmented: list[tuple[str, Scope]] = field(default_factory=list)
     # ``x.attr`` / ``self.x.attr`` reads of names the analysis can track, with their scope.
     attributes: list[tuple[cst.Attribute, Scope]] = field(default_factory=list)
+    # (caller, name, callee, name) pairs that hold the same object: arguments and parameters,
+    # ``self.x = x``, returned values (see ``_infer_roles``).
+    links: list[tuple[Scope, str, Scope, str]] = field(default_factory=list)
     _lines: dict[int, int] | None = field(default=None, repr=False)
     _bound: set[tuple[int, str]] | None = field(default=None, repr=False)
 
@@ -182,6 +188,49 @@ class Analysis:
             current = self.parent(current)
         return current
 
+    def holds_ordinal(self, scope: Scope, key: str) -> bool:
+        """Whether ``key`` in ``scope`` only ever holds an integer literal (a GPU's number)."""
+        return _only_ints(self, scope, key, self.links)
+
+    def callee(self, call: cst.Call) -> Scope | None:
+        """The function of this file that ``call`` runs: ``f(...)``, ``self.m(...)``, the
+        ``__init__`` of a (non-module) class ``C(...)``, or ``obj.m(...)`` / ``C(...).m(...)``
+        where ``obj`` is only ever bound to ``C(...)`` in the calling scope."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            cls = self.constructed_class(func.value)
+            return self.methods[cls].get(func.attr.value) if cls else None
+        name = dotted_name(func)
+        if name is None:
+            return None
+        if (cls := self.constructed_class(call)) is not None:
+            return self.methods[cls].get("__init__")
+        head, _, method = name.rpartition(".")
+        scope = self.scope_of[id(call)]
+        if head and head != "self":
+            cls = self.instance_class(scope, head)
+            return self.methods[cls].get(method) if cls else None
+        own = self.methods.get(scope.cls.name.value, {}) if head and scope.cls else {}
+        return own.get(method) or self.functions.get(method)
+
+    def constructed_class(self, call: cst.BaseExpression) -> str | None:
+        """``C`` for ``C(...)`` building an instance of a class of this file that is not a
+        module (a module's construction is its build, not a call into training code)."""
+        name = dotted_name(call.func) if isinstance(call, cst.Call) else None
+        if name in self.methods and name not in self.model_classes:
+            return name
+        return None
+
+    def instance_class(self, scope: Scope, key: str) -> str | None:
+        """The class of this file that ``key`` holds in ``scope``: every binding of it there
+        builds one instance of the same class."""
+        built = {
+            self.constructed_class(b.value) if b.value is not None else None
+            for b in self.bindings
+            if b.scope is scope and b.key == key
+        }
+        return built.pop() if len(built) == 1 else None
+
     def loop_of(self, node: cst.CSTNode) -> Loop | None:
         loop_node = self.enclosing(node, cst.For)
         while loop_node is not None:
@@ -247,6 +296,19 @@ def names_in(node: cst.CSTNode) -> list[cst.Name]:
     finder = _NameCollector(node)
     walk(node, finder)
     return finder.found
+
+
+def name_nodes(node: cst.CSTNode, name: str) -> list[cst.Name]:
+    """Every ``Name`` spelling ``name`` under ``node``, inside functions and classes too."""
+    found: list[cst.Name] = []
+
+    class _Finder(Visitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                found.append(node)
+
+    walk(node, _Finder())
+    return found
 
 
 class _NameCollector(Visitor):
@@ -334,6 +396,8 @@ class _Collector(NameCollector):
         self._enter(scope)
         if scope.parent is self.a.scopes[0] or cls is not None:
             self.a.functions.setdefault(node.name.value, scope)
+        if cls is not None:
+            self.a.methods.setdefault(cls.name.value, {}).setdefault(node.name.value, scope)
         self.loops.append(None)  # loops do not reach into nested functions
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -448,9 +512,16 @@ def _infer_roles(a: Analysis) -> None:
     give = _RoleGiver(a)
     _roles_from_constructors(a, give)
     _roles_from_usage(a, give)
-    links = list(call_links(a))
+    links = a.links = [*call_links(a), *attribute_links(a), *return_links(a, give)]
+    _spread(a, give, links)
+    if _roles_from_ordinals(a, give, links):
+        _spread(a, give, links)
+
+
+def _spread(a: Analysis, give: _RoleGiver, links: list[tuple[Scope, str, Scope, str]]) -> None:
+    """Call sites (and attributes, and returns), both ways, until nothing changes."""
     changed = True
-    while changed:  # call sites, both ways, until nothing changes
+    while changed:
         changed = False
         for caller, arg, callee, param in links:
             there = a.role(callee, param)
@@ -459,6 +530,64 @@ def _infer_roles(a: Analysis) -> None:
                 changed |= give(callee, param, here)
             elif there is not None and here is None:
                 changed |= give(caller, arg, there)
+
+
+def _roles_from_ordinals(
+    a: Analysis, give: _RoleGiver, links: list[tuple[Scope, str, Scope, str]]
+) -> bool:
+    """``x.to(gpu_id)`` where ``gpu_id`` only ever holds an integer (``device = 0  # cuda:0``,
+    handed down through calls and attributes): a GPU's ordinal, so a device. A dtype or a
+    tensor is never an ``int``, which makes this the one reading of such a move."""
+    found = False
+    for call, scope in a.calls:
+        move = method_call(call, "to")
+        first = move.args[0] if move is not None and move.args else None
+        key = key_of(first.value) if first is not None and first.keyword is None else None
+        if key is not None and a.role(scope, key) is None and _only_ints(a, scope, key, links):
+            found |= give(scope, key, Role.DEVICE)
+    return found
+
+
+def _only_ints(
+    a: Analysis, scope: Scope, key: str, links: list[tuple[Scope, str, Scope, str]]
+) -> bool:
+    """Whether every value ``key`` in ``scope`` can hold, through same-file call sites and
+    attributes set once, is an integer literal (and there is at least one)."""
+    seen: set[tuple[int, str]] = set()
+    todo = [(scope, key)]
+    values: list[cst.BaseExpression | None] = []
+    while todo:
+        where, name = todo.pop()
+        if (id(where), name) in seen:
+            continue
+        seen.add((id(where), name))
+        if name.startswith("self.") and where.cls is not None:
+            sources = [(t, p) for s, k, t, p in links if k == name and s.cls is where.cls]
+            if not sources:  # set more than once, or to more than a name: what it is set to
+                values += [
+                    b.value for b in a.bindings if b.scope.cls is where.cls and b.key == name
+                ]
+        else:
+            sources = [(s, n) for s, n, t, p in links if t is where and p == name and s is not t]
+            if a.reads_global(where, name):
+                sources.append((a.scopes[0], name))
+            values += [b.value for b in a.bindings if b.scope is where and b.key == name]
+        todo.extend(sources)
+        default = _default(where, name)
+        if default is not None:
+            values.append(default)
+        elif not sources and name in where.params:
+            return False  # a parameter no call of this file passes
+    return bool(values) and all(isinstance(v, cst.Integer) for v in values)
+
+
+def _default(scope: Scope, name: str) -> cst.BaseExpression | None:
+    """The default value of parameter ``name`` of ``scope``, if it has one."""
+    if isinstance(scope.node, cst.Module):
+        return None
+    p = scope.node.params
+    found = [x.default for x in (*p.params, *p.kwonly_params) if x.name.value == name]
+    return found[0] if found else None
 
 
 class _RoleGiver:
@@ -601,10 +730,7 @@ class _ParameterReader:
 def call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
     """(caller scope, argument name, callee scope, parameter name) for same-file calls."""
     for call, scope in a.calls:
-        name = dotted_name(call.func)
-        if name is None:
-            continue
-        callee = a.functions.get(name.removeprefix("self."))
+        callee = a.callee(call)
         if callee is None or isinstance(callee.node, cst.Module):
             continue
         params = callee.params
@@ -617,3 +743,90 @@ def call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
                 yield scope, key, callee, arg.keyword.value
             elif i < len(params):
                 yield scope, key, callee, params[i]
+
+
+def attribute_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
+    """(method, ``self.x``, method, ``x``) for an attribute its class sets exactly once, in that
+    method, to a plain name (``self.model = model.to(device)`` holds the object ``model`` is):
+    every method of the class that reads ``self.x`` reads that object."""
+    counts: dict[tuple[int, str], list[Binding]] = {}
+    for b in a.bindings:
+        if b.scope.cls is not None and b.key.startswith("self."):
+            counts.setdefault((id(b.scope.cls), b.key), []).append(b)
+    for (_cls, key), found in counts.items():
+        b = found[0]
+        value = unwrap_moves(b.value) if b.value is not None else None
+        name = key_of(value) if value is not None else None
+        if len(found) == 1 and name is not None and not name.startswith("self."):
+            yield b.scope, key, b.scope, name
+
+
+def return_links(a: Analysis, give: _RoleGiver) -> Iterator[tuple[Scope, str, Scope, str]]:
+    """(caller, bound name, function, returned name) for ``x = f(...)`` and ``a, b = f(...)``
+    where every ``return`` of the same-file function ``f`` gives a name (or a tuple of names of
+    the same length) in that position. A returned constructor call gives its role at once."""
+    for b in a.bindings:
+        found = returned_values(a, b)
+        if found is None:
+            continue
+        callee, values = found
+        for value in values:
+            if (name := key_of(value)) is not None:
+                yield b.scope, b.key, callee, name
+            elif (role := constructor_role(unwrap_moves(value), a.names)) is not None:
+                give(b.scope, b.key, role)
+
+
+def returned_values(a: Analysis, binding: Binding) -> tuple[Scope, list[cst.BaseExpression]] | None:
+    """For ``x = f(...)`` or ``a, x = f(...)`` with ``f`` a function of this file: ``f`` and
+    what each of its ``return`` statements gives ``x``; None when some return gives nothing
+    that can be told (a bare ``return``, a tuple of another length)."""
+    statement = binding.node
+    if not isinstance(statement, cst.Assign) or not isinstance(statement.value, cst.Call):
+        return None
+    callee = a.callee(statement.value)
+    if callee is None or callee.cls is not None:
+        return None
+    position = _target_position(statement, binding.key)
+    if position == -1:
+        return None
+    values = [_returned_at(r, position) for r in returns(callee)]
+    if not values or any(v is None for v in values):
+        return None
+    return callee, values  # type: ignore[return-value]
+
+
+def _target_position(assign: cst.Assign, key: str) -> int | None:
+    """None for ``key = ...``, the index of ``key`` in a single ``a, b = ...`` target, -1 when
+    it sits deeper (``(a, b), c = ...``) or in a second target."""
+    target = assign.targets[0].target
+    if not isinstance(target, cst.Tuple | cst.List):
+        return None if key_of(target) == key else -1
+    if len(assign.targets) != 1:
+        return -1
+    return next((i for i, e in enumerate(target.elements) if key_of(e.value) == key), -1)
+
+
+def _returned_at(statement: cst.Return, position: int | None) -> cst.BaseExpression | None:
+    value = statement.value
+    if position is None or value is None:
+        return value
+    if isinstance(value, cst.Tuple) and position < len(value.elements):
+        element = value.elements[position]
+        return None if isinstance(element, cst.StarredElement) else element.value
+    return None
+
+
+def returns(function: Scope) -> list[cst.Return]:
+    """The ``return`` statements of ``function`` itself (not of functions defined inside it)."""
+    found: list[cst.Return] = []
+
+    class _Returns(Visitor):
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function.node
+
+    walk(function.node, _Returns())
+    return found

@@ -18,7 +18,6 @@ from pathlib import Path, PurePath
 from typing import Annotated, Literal
 
 import typer
-from rich.text import Text
 
 from accelify.transform import console as term
 from accelify.transform.convert import Result, convert
@@ -261,7 +260,7 @@ def _print_diff(before: str, after: str, path: str) -> None:
             sys.stdout.write(line)
             continue
         style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), "")
-        out.print(Text(line.rstrip("\r\n"), style=style))
+        out.print(term.styled(out, (line.rstrip("\r\n"), style)))
 
 
 def github_annotations(path: str, result: Result) -> Iterator[str]:
@@ -313,7 +312,7 @@ class _Report:
 
     def error(self, err: SourceError) -> None:
         self.errors += 1
-        self.err.print(Text(str(err), style="red"))
+        self.err.print(term.styled(self.err, (str(err), "red")))
 
     def done(self, path: str, result: Result, written: str | None) -> None:
         self.changed += result.changed
@@ -327,11 +326,12 @@ class _Report:
             line, was = _where(result, note.line, moved)
             tag = ("needs a human: ", "yellow") if note.manual else ""
             where = (f"{written or path}:{line}: ", "bold")
-            self.err.print(Text.assemble(where, tag, note.message, was))
+            self.err.print(term.styled(self.err, where, tag, note.message, was))
 
     def summary(self, total: int) -> None:
         if not self.quiet:
-            self.err.print(self._counts(total) if total else "no Python files found")
+            counts = self._counts(total) if total else ["no Python files found"]
+            self.err.print(term.styled(self.err, *counts))
         if self.mode == "print" and total and sys.stdout.isatty():
             self.err.print(
                 "Nothing was written: redirect the output (> new.py), or write with -o OUT "
@@ -339,7 +339,7 @@ class _Report:
                 style="bold",
             )
 
-    def _counts(self, total: int) -> Text:
+    def _counts(self, total: int) -> list[str | tuple[str, str]]:
         verb = "would be converted" if self.dry else "converted"
         unchanged = total - self.changed - self.errors
         parts: list[str | tuple[str, str]] = [
@@ -350,7 +350,7 @@ class _Report:
             parts.append((f", {_plural(self.manual, 'place')} to finish by hand", "yellow"))
         if self.errors:
             parts.append((f", {_plural(self.errors, 'error')}", "red"))
-        return Text.assemble(*parts)
+        return parts
 
     def exit_code(self) -> int:
         if self.errors:

@@ -1,6 +1,6 @@
 """Terminal conventions shared by accel-convert and accel-lint.
 
-Rich styling on a terminal, plain text in a pipe (rich detects it), never wrapped lines, one
+Rich styling on a terminal, plain text in a pipe (without loading rich), never wrapped lines, one
 place that knows the exit codes CI gates on, how a usage mistake is reported (one line, exit 2,
 as Ruff does), the options both commands share, GitHub's annotation syntax, and how ``--jobs``
 spreads files over processes.
@@ -12,11 +12,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, TextIO, TypeVar
 
 import click
 import typer
-from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
@@ -35,17 +37,71 @@ def use_color(when: Color) -> None:
     _color = when
 
 
-def console(stderr: bool = False) -> Console:
+class PlainConsole:
+    """What rich's console writes where it sees no terminal (a pipe, a file, a CI log): each
+    printed line as is, flushed. Start-up pays for rich (~45 ms) only when it styles something."""
+
+    is_terminal = False
+
+    def __init__(self, file: TextIO | None = None, *, stderr: bool = False) -> None:
+        self._file, self._stderr = file, stderr
+
+    @property
+    def file(self) -> TextIO:
+        """The stream when written to, as rich's: pytest and redirections swap ``sys.stdout``."""
+        if self._file is not None:
+            return self._file
+        return sys.stderr if self._stderr else sys.stdout
+
+    def print(self, *objects: object, markup: bool | None = None, style: str | None = None) -> None:
+        """rich's ``print`` for plain text: ``markup`` and ``style`` only matter on a terminal,
+        so callers pass rich ``Text`` or ``markup=False``, never markup they rely on."""
+        self.file.write(" ".join(map(str, objects)) + "\n")
+        self.file.flush()
+
+
+def console(stderr: bool = False) -> Console | PlainConsole:
     """A console that styles only on a terminal and never wraps (paths must stay greppable).
 
     ``--color never`` or ``NO_COLOR`` (any value, no-color.org) turns every escape off, bold and
-    dim included; ``--color always`` or ``FORCE_COLOR`` styles a pipe too (rich reads the
-    variable). The option wins over the variables, as in Ruff."""
+    dim included; ``--color always`` or ``FORCE_COLOR`` styles a pipe too. The option wins over
+    the variables, as in Ruff."""
+    if not _is_terminal(stderr):
+        return PlainConsole(stderr=stderr)
+    from rich.console import Console
+
     if _color == "never" or (_color == "auto" and os.environ.get("NO_COLOR")):
         style: dict[str, object] = {"color_system": None}
     else:
         style = {"force_terminal": True} if _color == "always" else {}
     return Console(stderr=stderr, soft_wrap=True, highlight=False, **style)  # type: ignore[arg-type]
+
+
+def _is_terminal(stderr: bool) -> bool:
+    """Whether rich would treat the stream as a terminal (``Console.is_terminal``): forced by
+    ``--color always``, ``TTY_COMPATIBLE=0/1`` or a non-empty ``FORCE_COLOR``, else ``isatty``."""
+    if _color == "always":
+        return True
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "1"
+    force = os.environ.get("FORCE_COLOR")
+    if force is not None:
+        return force != ""
+    try:
+        return (sys.stderr if stderr else sys.stdout).isatty()
+    except ValueError:  # a closed stream
+        return False
+
+
+def styled(out: Console | PlainConsole, *parts: str | tuple[str, str]) -> object:
+    """``parts`` (text, or text and a rich style) as one printable for ``out``: plain text, or
+    a rich ``Text`` on a terminal."""
+    if not out.is_terminal:
+        return "".join(part if isinstance(part, str) else part[0] for part in parts)
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 def _print_version(ctx: typer.Context, value: bool) -> None:

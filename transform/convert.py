@@ -8,19 +8,22 @@ the file the user wrote, and steps cannot trip over each other's rewrites.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, analyse, optimized_models
+from accelify.transform.distributed import PREFIX, Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.neighbours import fetching_imports
 from accelify.transform.patterns import Role
-from accelify.transform.plan import Note, Options, Plan
+from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
+from accelify.transform.steps.accelerator import accelerator as write_accelerator
 
 __all__ = ["Note", "Options", "Result", "convert", "parse", "plan_conversion"]
 
@@ -113,18 +116,62 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
         raise too_deep(path, source) from None
 
 
+def refusals(module: cst.Module) -> tuple[Note, ...]:
+    """The notes a default conversion of ``module`` gives, each with its node in ``module`` where
+    it has one: what accel-lint reads to report the training the converter leaves alone."""
+    distributed = dedistribute(module, module.code)
+    if distributed is None:
+        return tuple(plan_conversion(module, Options()).notes)
+    return distributed.notes if distributed.module is None else ()
+
+
 def _convert(module: cst.Module, source: str, options: Options, path: str) -> Result:
+    distributed = dedistribute(module, source)
+    if distributed is not None:
+        return _convert_distributed(module, distributed, source, options, path)
     plan = plan_conversion(module, options, path)
     if not plan.edits:  # nothing to change: the source as it came, not libcst's print of it
         return Result(code=source, notes=tuple(sorted(set(plan.notes))), original=source)
-    if (lost := _first_unprinted_line(module, source)) is not None:
-        why = "libcst does not print this file back exactly from here, so any edit would change it"
-        note = Note(lost, f"left unchanged: {why}; convert by hand", manual=True)
-        return Result(code=source, notes=(note,), original=source)
+    if (unprinted := _unprinted(module, source)) is not None:
+        return unprinted
     code = apply(module, plan.edits, plan.analysis.parents).code
     if code != source:
         _check_valid(code, path)
     return Result(code=code, notes=tuple(sorted(set(plan.notes))), original=source)
+
+
+def _convert_distributed(
+    module: cst.Module, d: Dedistributed, source: str, options: Options, path: str
+) -> Result:
+    """A hand-distributed script: convert its single-process form, or leave it all unchanged."""
+    if d.module is None:
+        return Result(code=source, notes=d.notes, original=source)
+    if (unprinted := _unprinted(module, source)) is not None:
+        return unprinted
+    plan = plan_conversion(d.module, options, path, (d.step,) if d.step else ())
+    notes = [replace(n, line=d.original_line(n.line)) for n in plan.notes]
+    if plan.setup is None or not plan.edits:  # its training could not be converted: none of it
+        why = [n for n in notes if n.manual or n.info] or [
+            Note(1, "left unchanged: no training to convert once DDP is removed", manual=True)
+        ]
+        return Result(code=source, notes=tuple(sorted(set(why))), original=source)
+    code = apply(d.module, plan.edits, plan.analysis.parents).code
+    _check_valid(code, path)
+    if PREFIX in code:  # a rank value the conversion could not place: never half-converted
+        line = d.original_line(code[: code.index(PREFIX)].count("\n") + 1)
+        why = "left unchanged: this rank value has no place to read it from"
+        note = Note(line, why, manual=True)
+        return Result(code=source, notes=(note,), original=source)
+    return Result(code=code, notes=tuple(sorted({*d.notes, *notes})), original=source)
+
+
+def _unprinted(module: cst.Module, source: str) -> Result | None:
+    """The file unchanged, if libcst does not print it back exactly (every edit would lose it)."""
+    if (lost := _first_unprinted_line(module, source)) is None:
+        return None
+    why = "libcst does not print this file back exactly from here, so any edit would change it"
+    note = Note(lost, f"left unchanged: {why}; convert by hand", manual=True)
+    return Result(code=source, notes=(note,), original=source)
 
 
 def _first_unprinted_line(module: cst.Module, source: str) -> int | None:
@@ -138,9 +185,12 @@ def _first_unprinted_line(module: cst.Module, source: str) -> int | None:
     return source.count("\n", 0, same) + 1
 
 
-def plan_conversion(module: cst.Module, options: Options, path: str = "<string>") -> Plan:
+def plan_conversion(
+    module: cst.Module, options: Options, path: str = "<string>", extra: Sequence[Step] = ()
+) -> Plan:
     """Analyse ``module`` and plan every step, without applying anything: the converter applies
-    the plan, and accel-lint reads the manual notes (each has its node in ``module``)."""
+    the plan, and accel-lint reads the manual notes (each has its node in ``module``). ``extra``
+    steps run just before the accelerator is written (they may still ask for it)."""
     analysis = analyse(module)
     verdict = file_verdict(analysis, analysis.names)
     if verdict is not None:
@@ -153,7 +203,8 @@ def plan_conversion(module: cst.Module, options: Options, path: str = "<string>"
         plan.fetching_imports = fetching_imports(path, analysis.names.imports)
     try:
         _refuse_training_elsewhere(plan)
-        for step in STEPS:
+        last = STEPS.index(write_accelerator)
+        for step in (*STEPS[:last], *extra, *STEPS[last:]):
             step(plan)
     except Refused as refused:
         plan = Plan(analysis, plan.options, None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
-from accelify.transform.patterns import dotted_name, target_names
+from accelify.transform.patterns import target_names
 
 Block = cst.Module | cst.IndentedBlock
 
@@ -228,8 +228,7 @@ def _entries(a: Analysis, scope: Scope) -> dict[Scope, list[cst.CSTNode]]:
     entries: dict[Scope, list[cst.CSTNode]] = {}
     by_scope: dict[Scope, list[tuple[cst.Call, Scope]]] = {}
     for call, where in a.calls:
-        name = dotted_name(call.func)
-        callee = a.functions.get(name.removeprefix("self.")) if name else None
+        callee = a.callee(call)
         if callee is not None and callee is not scope and not callee.is_module:
             by_scope.setdefault(where, []).append((call, callee))
     todo: list[tuple[Scope, Iterable[cst.CSTNode]]] = [(scope, ())]

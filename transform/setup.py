@@ -20,9 +20,13 @@ from accelify.transform.analysis import (
     Binding,
     Loop,
     Scope,
+    attribute_links,
     call_links,
     key_of,
     optimized_models,
+    returned_values,
+    returns,
+    unwrap_moves,
 )
 from accelify.transform.flow import Point, Timeline
 from accelify.transform.patterns import (
@@ -33,7 +37,6 @@ from accelify.transform.patterns import (
     dotted_name,
     method_call,
 )
-from accelify.transform.walk import Visitor, walk
 
 ACCELERATOR = "accelerator"
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -122,11 +125,17 @@ def _candidate_scopes(a: Analysis) -> list[Scope]:
     found = []
     trains = _training_scopes(a)
     for scope in a.scopes:
-        roles = {a.role(scope, b.key) for b in _owned(a, scope)}
+        roles = {a.role(scope, b.key) for b in _owned(a, scope) if not _handed_over(a, b)}
         has_model = Role.MODEL in roles or any(a.role(scope, p) is Role.MODEL for p in scope.params)
         if Role.OPTIMIZER in roles and has_model and reachable(a, scope) & trains:
             found.append(scope)
     return found
+
+
+def _handed_over(a: Analysis, b: Binding) -> bool:
+    """``self.optimizer = optimizer``: the scope keeps an object built elsewhere, which is where
+    the setup is."""
+    return b.value is not None and key_of(unwrap_moves(b.value)) is not None
 
 
 def _training_scopes(a: Analysis) -> set[Scope]:
@@ -146,8 +155,7 @@ def reachable(a: Analysis, scope: Scope) -> set[Scope]:
     while todo:
         current = todo.pop()
         for call in calls_by_scope.get(id(current), ()):
-            name = dotted_name(call.func)
-            callee = a.functions.get(name.removeprefix("self.")) if name else None
+            callee = a.callee(call)
             if callee is not None and callee not in seen:
                 fresh = _with_nested(a, {callee}) - seen
                 seen |= fresh
@@ -253,23 +261,47 @@ def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
     for b in a.bindings:
         if b.scope in setup.reach and b.in_loop and a.role(b.scope, b.key) is Role.OPTIMIZER:
             raise Refused(b.node, f"optimizer {b.key} is created inside a loop")
-    stepped = _stepped_optimizers(a, setup)
-    if len(stepped) > 1:
-        names = ", ".join(sorted(stepped))
-        raise Refused(stepped[min(stepped)], f"several optimizers ({names}) step in this training")
 
 
-def _stepped_optimizers(a: Analysis, setup: Setup) -> dict[str, cst.Call]:
+# several optimizers ----------------------------------------------------------------------------
+BACKWARD = "backward"
+
+
+def stepped_optimizers(a: Analysis, setup: Setup) -> dict[str, cst.Call]:
     """The setup's optimizers that some ``.step()`` in its training steps, by key."""
     found: dict[str, cst.Call] = {}
+    for call, keys in _optimizer_steps(a, setup):
+        for key in keys:
+            found.setdefault(key, call)
+    return found
+
+
+def _optimizer_steps(a: Analysis, setup: Setup) -> Iterator[tuple[cst.Call, list[str]]]:
+    """Each ``optimizer.step()`` of the training, with the setup's names for that optimizer."""
     for call, where in a.calls:
         if where not in setup.reach or method_call(call, "step") is None:
             continue
         key = key_of(call.func.value)  # type: ignore[union-attr]
         if key is not None and a.role(where, key) is Role.OPTIMIZER:
-            for origin in origins(a, setup.scope, where, key):
-                found.setdefault(origin, call)
-    return found
+            yield call, sorted(origins(a, setup.scope, where, key)) or [key]
+
+
+def step_order(a: Analysis, setup: Setup, within: cst.CSTNode) -> list[tuple[str, cst.Call]]:
+    """The backward passes (:data:`BACKWARD`) and optimizer steps (the optimizer's key) one run
+    of ``within`` makes, in source order: what decides whether one accumulate window or one
+    loss scaler keeps several optimizers' alternation. Refused when some of them run in a
+    function ``within`` calls, where their order is not in sight."""
+    inside = [(BACKWARD, c) for c, _s, _lp in a.backward_calls if a.contains(within, c)]
+    inside += [(keys[0], c) for c, keys in _optimizer_steps(a, setup) if a.contains(within, c)]
+    hidden = [c for c, s, _lp in a.backward_calls if s in setup.reach and not a.contains(within, c)]
+    hidden += [c for c, _s in _optimizer_steps(a, setup) if not a.contains(within, c)]
+    if hidden:
+        raise Refused(
+            hidden[0],
+            "several optimizers step, and this backward or step runs outside the loop that "
+            "trains them, so their order cannot be checked; convert by hand",
+        )
+    return sorted(inside, key=lambda event: a.line(event[1]))
 
 
 def origins(a: Analysis, setup: Scope, scope: Scope, key: str) -> set[str]:
@@ -291,18 +323,22 @@ def origins(a: Analysis, setup: Scope, scope: Scope, key: str) -> set[str]:
         ):
             out.add(name)
         else:
-            todo.extend(links.get((id(where), name), ()))
+            owner = where.cls if name.startswith("self.") and where.cls else where.node
+            todo.extend(links.get((id(owner), name), ()))
     return out
 
 
 def _links(a: Analysis) -> dict[tuple[int, str], list[tuple[Scope, str]]]:
-    """(callee, parameter) -> the (caller, argument name) pairs passed for it."""
+    """(callee, parameter) -> the (caller, argument name) pairs passed for it; (class,
+    ``self.x``) -> the (method, name) it was set from."""
     cached = getattr(a, "_param_links", None)
     if cached is not None:
         return cached
     out: dict[tuple[int, str], list[tuple[Scope, str]]] = {}
     for caller, arg, callee, param in call_links(a):
-        out.setdefault((id(callee), param), []).append((caller, arg))
+        out.setdefault((id(callee.node), param), []).append((caller, arg))
+    for method, key, _same, name in attribute_links(a):
+        out.setdefault((id(method.cls), key), []).append((method, name))
     a._param_links = out  # type: ignore[attr-defined]
     return out
 
@@ -331,11 +367,7 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
         models.extend(sorted(held, key=lambda k: _first_line(a, scope, k)))
     for key in models:
         if key == "self":
-            raise Refused(
-                optimizers[0].node,
-                f"{scope.cls.name.value if scope.cls else 'this module'} trains itself from its "
-                "own method; prepare() wraps a module from outside it",
-            )
+            raise Refused(optimizers[0].node, _trains_itself(a, setup, optimizers[0]))
         if key in scope.params:
             raise Refused(
                 optimizers[0].node,
@@ -349,6 +381,19 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 "needs both in one place",
             )
     return [*models, *(b.key for b in optimizers)]
+
+
+def _trains_itself(a: Analysis, setup: Setup, optimizer: Binding) -> str:
+    """Why a module whose method steps an optimizer over its own parameters stays as it is."""
+    cls = setup.scope.cls
+    name = cls.name.value if cls is not None else "this module"
+    steps = sorted({s.name for _c, s, _lp in a.backward_calls if s.cls is cls and s in setup.reach})
+    where = f"{', '.join(f'{m}()' for m in steps)} steps" if steps else "its own method steps"
+    return (
+        f"{name} trains itself ({where} {optimizer.key}, built over self.parameters()): "
+        "gradients are synchronised by the wrapper prepare() returns, when its forward runs, "
+        "and a method of the module cannot run that wrapper in place of self; convert by hand"
+    )
 
 
 def _trained_models(a: Analysis, setup: Setup) -> set[str]:
@@ -422,8 +467,7 @@ def _fed(a: Analysis, setup: Setup, node: cst.CSTNode, loaders: set[str], seen: 
 
 
 def _calls(a: Analysis, call: cst.Call, scope: Scope) -> bool:
-    name = dotted_name(call.func)
-    return name is not None and a.functions.get(name.removeprefix("self.")) is scope
+    return a.callee(call) is scope
 
 
 def _walks(a: Analysis, setup: Setup, loop: cst.For | cst.While, loaders: set[str]) -> bool:
@@ -490,8 +534,7 @@ def _trains(a: Analysis) -> set[Scope]:
     found = _training_scopes(a)
     callers: dict[int, set[Scope]] = {}
     for call, where in a.calls:
-        name = dotted_name(call.func)
-        callee = a.functions.get(name.removeprefix("self.")) if name else None
+        callee = a.callee(call)
         if callee is not None:
             callers.setdefault(id(callee), set()).add(where)
     todo = list(found)
@@ -508,8 +551,7 @@ def _loop_trains(a: Analysis, loop: Loop, trains: set[Scope]) -> bool:
         return True
     for call, where in a.calls:
         if where is loop.scope and a.contains(loop.node, call):
-            name = dotted_name(call.func)
-            callee = a.functions.get(name.removeprefix("self.")) if name else None
+            callee = a.callee(call)
             if callee is not None and callee in trains:
                 return True
     return False
@@ -519,7 +561,7 @@ def _loop_trains(a: Analysis, loop: Loop, trains: set[Scope]) -> bool:
 _NOT_LOADERS = ("torchtext.", "datasets.", "numpy.", "torch.")
 
 
-def _loader_kind(a: Analysis, scope: Scope, key: str) -> tuple[str, str]:
+def _loader_kind(a: Analysis, scope: Scope, key: str, depth: int = 0) -> tuple[str, str]:
     """Whether prepare() can shard what ``key`` holds: ("loader", ""), ("factory", the call that
     builds it where we cannot look) or ("other", what it is instead)."""
     for b in a.bindings:
@@ -534,10 +576,10 @@ def _loader_kind(a: Analysis, scope: Scope, key: str) -> tuple[str, str]:
         if func is None:
             return "factory", a.module.code_for_node(value)[:40]
         what = f"{dotted_name(func) or 'a call'}(...)"
-        local = a.functions.get(dotted_name(func) or "")
+        local = a.callee(value) if a.constructed_class(value) is None else None
         qualified = a.names.qualify(func)
         if local is not None:
-            if not _returns_loaders(a, local):
+            if not _returns_loaders(a, b, local, depth):
                 return "other", what
         elif qualified is None or not qualified.startswith(_NOT_LOADERS):
             return "factory", what
@@ -546,29 +588,27 @@ def _loader_kind(a: Analysis, scope: Scope, key: str) -> tuple[str, str]:
     return "loader", ""
 
 
-def _returns_loaders(a: Analysis, function: Scope) -> bool:
-    """Whether a function of the file returns DataLoaders (alone or in a tuple)."""
-    returns: list[cst.Return] = []
-
-    class _Returns(Visitor):
-        def visit_Return(self, node: cst.Return) -> None:
-            returns.append(node)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function.node
-
-    walk(function.node, _Returns())
-    values = [r.value for r in returns if r.value is not None]
-    items = (
-        [
-            e.value
+def _returns_loaders(a: Analysis, binding: Binding, function: Scope, depth: int) -> bool:
+    """Whether ``function`` (called for ``binding``) returns DataLoaders for it: built in the
+    return statement, or bound to the name it returns (``return model, train_loader``)."""
+    found = returned_values(a, binding)
+    if found is None:  # a return we cannot place: any loader it returns counts
+        values = [r.value for r in returns(function) if r.value is not None]
+        items = [
+            item
             for v in values
-            for e in (v.elements if isinstance(v, cst.Tuple) else [v])  # type: ignore[union-attr]
+            for item in ([e.value for e in v.elements] if isinstance(v, cst.Tuple) else [v])
         ]
-        if values
-        else []
+        return any(constructor_role(v, a.names) is Role.DATALOADER for v in items)
+    return all(
+        constructor_role(v, a.names) is Role.DATALOADER
+        or (
+            (name := key_of(v)) is not None
+            and depth < 3
+            and _loader_kind(a, function, name, depth + 1)[0] == "loader"
+        )
+        for v in found[1]
     )
-    return any(constructor_role(v, a.names) is Role.DATALOADER for v in items)  # type: ignore[arg-type]
 
 
 # where -----------------------------------------------------------------------------------------
@@ -658,7 +698,24 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                 f"{b.key} is not built on every path before training starts: prepare() "
                 "needs it in one place",
             )
+    _refuse_kept_early(a, setup, point)
     return point
+
+
+def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
+    """``trainer = Trainer(model, optimizer)`` before ``prepare()``: the instance would keep the
+    bare objects, whatever prepare() returns afterwards."""
+    keys = set(setup.keys)
+    for call, where in a.calls:
+        if where is not setup.scope or a.constructed_class(call) is None:
+            continue
+        handed = [k for arg in call.args if (k := key_of(arg.value)) in keys]
+        if handed and not setup.timeline.after(point, call):
+            raise Refused(
+                call,
+                f"{a.constructed_class(call)}(...) is handed {', '.join(handed)} before "
+                "prepare() can wrap them, and would keep the bare objects; build it after them",
+            )
 
 
 def _common_block(timeline: Timeline, nodes: list[cst.CSTNode]) -> cst.Module | cst.IndentedBlock:

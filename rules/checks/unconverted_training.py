@@ -17,11 +17,10 @@ class UnconvertedTraining(Rule):
 
     ## What it does
     Runs accel-convert's own analysis on a script whose training calls `loss.backward()` itself,
-    and reports every place it would leave unchanged, with its reason: hand-written distribution
-    (`DistributedDataParallel`, `DistributedSampler`, `init_process_group`), several optimizers
-    stepping one training, an optimizer built only on some paths, a model that comes in as a
-    parameter, ... In a script that has an `Accelerator`, only a training function that never
-    sees one is reported (a second, forgotten setup).
+    and reports every place it would leave unchanged, with its reason: distribution it does not
+    rewrite (FSDP, tensor parallel, RPC, `no_sync()` accumulation), an optimizer built only on
+    some paths, a model that comes in as a parameter, ... In a script that has an `Accelerator`,
+    only a training function that never sees one is reported (a second, forgotten setup).
 
     Off by default: a plain single-process script is not wrong, and this rule is the linter's
     side of `accel-convert`'s "needs a human" notes (enable it with `--select ACL210` where such
@@ -33,11 +32,12 @@ class UnconvertedTraining(Rule):
 
     ## Example
     ```python
-    for real in loader:
-        d_loss.backward()
-        d_opt.step()
-        g_loss.backward()
-        g_opt.step()
+    model = Net()
+    if args.sgd:  # no optimizer on the other path: nothing to prepare there
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        optimizer.step()
     ```
 
     ## Use instead
@@ -66,8 +66,8 @@ class UnconvertedTraining(Rule):
     )
     INVALID = (
         Invalid(
-            "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "model = DDP(Net())\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "import torch\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+            "model = FSDP(Net())\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
             "for x, y in loader:\n    loss_fn(model(x), y).backward()\n    opt.step()\n"
         ),
         Invalid(
@@ -109,9 +109,9 @@ class UnconvertedTraining(Rule):
             self._forgotten_setups(node)
             return
         # The converter loads only for files that get this far (start-up of every lint run).
-        from accelify.transform.convert import Options, plan_conversion
+        from accelify.transform.convert import refusals
 
-        for note in plan_conversion(node, Options()).notes:
+        for note in refusals(node):
             if note.code == _CODE and note.node is not None:
                 self._report(note.node, note.message)
 

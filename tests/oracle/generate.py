@@ -14,12 +14,23 @@ from __future__ import annotations
 import ast
 import builtins
 import random
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 # The oracle's modules import each other as siblings: sweep.py and test_oracle.py put this folder
 # on sys.path (tests/ is not a package).
-from idioms import AXES, BATCH_LOOPS, LOOP_INDEX, Ctx, Lines, block, evaluation, indent
+from idioms import (
+    AXES,
+    BATCH_LOOPS,
+    LOOP_INDEX,
+    SHARED_ORDER,
+    Ctx,
+    Lines,
+    block,
+    evaluation,
+    indent,
+)
 
 Choice = dict[str, str]
 
@@ -359,27 +370,109 @@ class Pieces:
     def trainer_class(self, c: Ctx) -> Lines:
         """A Trainer holding the objects as attributes; __main__ seeds, builds and fits it."""
         s = Ctx(c.choice, in_class=True)
+        args = ["args"] if c.argparse else []
         init = ["self.args = args"] if c.argparse else []
-        methods = [
-            *block(f"def __init__(self{', args' if c.argparse else ''}):", [*init, *self.setup(s)]),
+        main = [*self.prelude(c), f"Trainer({', '.join(args)}).fit()"]
+        return [
+            *self._trainer(s, args, [*init, *self.setup(s)]),
             "",
-            *block("def train_epoch(self, epoch):", self.epoch(s)),
             "",
+            *block('if __name__ == "__main__":', main),
         ]
-        if c.v("eval") == "function":
+
+    def trainer_factory(self, c: Ctx) -> Lines:
+        """The objects come from a factory function returning a tuple and are handed to a
+        Trainer that stores them; main() builds and fits it (pytorch/examples' DDP tutorial)."""
+        setup = self.setup(c)
+        built = self._read_by_trainer(c, _bound(setup), [])
+        reads = ["args"] if c.argparse else []
+        factory = block(
+            f"def build_objects({', '.join(reads)}):", [*setup, f"return {', '.join(built)}"]
+        )
+        return [
+            *factory,
+            "",
+            "",
+            *self._handed_trainer(c, built, []),
+            *self._main(c, [f"{', '.join(built)} = build_objects({', '.join(reads)})"], built),
+        ]
+
+    def trainer_optimizer(self, c: Ctx) -> Lines:
+        """main() builds the model and the data; the Trainer it hands them to builds its own
+        optimizer, loss and schedule (minGPT's Trainer)."""
+        outside = [
+            *c.part("argparse", "setup"),
+            *c.part("device", "setup"),
+            *c.part("data", "setup"),
+            *c.part("arch", "build"),
+            *c.part("model_move", "after_build"),
+        ]
+        s = Ctx(c.choice, in_class=True)
+        inside = [
+            *s.part("accum_n", "setup"),
+            *s.part("amp", "setup"),
+            *s.part("extra_tensor", "setup"),
+            *s.part("loss", "setup"),
+            *s.part("optimizer", "setup"),
+            *s.part("scheduler", "setup"),
+        ]
+        built = self._read_by_trainer(c, _bound(outside), inside)
+        return [*self._handed_trainer(c, built, inside), *self._main(c, outside, built)]
+
+    def _read_by_trainer(self, c: Ctx, names: list[str], init: Lines) -> list[str]:
+        """Those of ``names`` that the Trainer's methods (or ``init``) read as ``self.<name>``."""
+        text = "\n".join([*init, *self._methods(Ctx(c.choice, in_class=True))])
+        return [n for n in names if re.search(rf"\bself\.{n}\b", text)]
+
+    def _handed_trainer(self, c: Ctx, handed: list[str], more: Lines) -> Lines:
+        """A Trainer whose __init__ stores what it is handed (and ``args``), then runs ``more``."""
+        s = Ctx(c.choice, in_class=True)
+        params = [*(["args"] if c.argparse else []), *handed]
+        stored = [f"self.{n} = {n}" for n in params]
+        return [*self._trainer(s, params, [*stored, *more]), "", ""]
+
+    def _main(self, c: Ctx, builds: Lines, handed: list[str]) -> Lines:
+        args = ["args"] if c.argparse else []
+        body = [
+            *self.prelude(c),
+            *builds,
+            f"trainer = Trainer({', '.join([*args, *handed])})",
+            "trainer.fit()",
+        ]
+        return [
+            *block("def main():", body),
+            "",
+            "",
+            *block('if __name__ == "__main__":', ["main()"]),
+        ]
+
+    def _trainer(self, s: Ctx, params: list[str], init: Lines) -> Lines:
+        """``class Trainer`` with ``__init__(self, *params)`` running ``init``, then the
+        methods."""
+        signature = ", ".join(["self", *params])
+        return block(
+            "class Trainer:", [*block(f"def __init__({signature}):", init), "", *self._methods(s)]
+        )
+
+    def _methods(self, s: Ctx) -> Lines:
+        """The Trainer's epoch, evaluation and fit()."""
+        methods = [*block("def train_epoch(self, epoch):", self.epoch(s)), ""]
+        if s.v("eval") == "function":
             methods += [*block("def evaluate(self):", self._evaluate_body(s)), ""]
         fit = [
             *s.part("epoch_loop", "wrap", [*self._train_call(s), *self.after_epoch(s)]),
             *self.finish(s),
         ]
-        methods += block("def fit(self):", fit)
-        main = [*self.prelude(c), f"Trainer({'args' if c.argparse else ''}).fit()"]
-        return [
-            *block("class Trainer:", methods),
-            "",
-            "",
-            *block('if __name__ == "__main__":', main),
-        ]
+        return [*methods, *block("def fit(self):", fit)]
+
+
+def _bound(lines: Lines) -> list[str]:
+    """The shared names ``lines`` bind (the objects a Trainer keeps), in the catalogue's order."""
+    tree = ast.parse("\n".join(["def f():", *indent(lines)]))
+    stored = {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    return [name for name in SHARED_ORDER if name in stored]
 
 
 def _header(choice: Mapping[str, str], seed: int | None, index: int | None) -> Lines:

@@ -27,7 +27,8 @@ BATCH_SIZE = 8
 # Names the training objects go by; inside the Trainer class they are attributes of self.
 _SHARED = """args model enc dec optimizer scheduler criterion device use_cuda device_type offset
 class_weights train_loader test_loader x_train y_train x_test y_test epochs accum_steps"""
-SHARED = frozenset(_SHARED.split())
+SHARED_ORDER = tuple(_SHARED.split())
+SHARED = frozenset(SHARED_ORDER)
 BATCH_LOOPS = frozenset({"enumerate_batch", "iter_while", "iter_for"})  # bind `batch`, then unpack
 LOOP_INDEX = {
     "enumerate_xy": "i",
@@ -168,12 +169,22 @@ def _trainer_class(c: Ctx, p: Any) -> Lines:
     return p.trainer_class(c)
 
 
+def _trainer_factory(c: Ctx, p: Any) -> Lines:
+    return p.trainer_factory(c)
+
+
+def _trainer_optimizer(c: Ctx, p: Any) -> Lines:
+    return p.trainer_optimizer(c)
+
+
 SCOPE: dict[str, Idiom] = {
     "module": {"layout": _module},
     "main_func": {"layout": _main_func},
     "if_main": {"layout": _if_main},
     "helpers": {"layout": _helpers},
     "trainer_class": {"layout": _trainer_class},
+    "trainer_factory": {"layout": _trainer_factory},
+    "trainer_optimizer": {"layout": _trainer_optimizer},
 }
 
 ARGPARSE: dict[str, Idiom] = {

@@ -44,9 +44,12 @@ def test_all_rules_share_one_parse_and_one_traversal(monkeypatch: pytest.MonkeyP
     parses = []
     real_parse = cst.parse_module
     monkeypatch.setattr(cst, "parse_module", lambda text: parses.append(1) or real_parse(text))
-    walks, visits = [], []  # the rules' walk; libcst visits (positions)
-    real_walk, real_visit = engine.walk, cst.Module.visit
+    walks, located, visits = [], [], []  # the rules' walk; positions; libcst visits
+    real_walk, real_positions, real_visit = engine.walk, engine.positions, cst.Module.visit
     monkeypatch.setattr(engine, "walk", lambda n, v, **kw: walks.append(v) or real_walk(n, v, **kw))
+    monkeypatch.setattr(
+        engine, "positions", lambda m, nodes: located.append(nodes) or real_positions(m, nodes)
+    )
     monkeypatch.setattr(
         cst.Module, "visit", lambda self, v: visits.append(v) or real_visit(self, v)
     )
@@ -54,13 +57,13 @@ def test_all_rules_share_one_parse_and_one_traversal(monkeypatch: pytest.MonkeyP
     findings = engine.lint(text, [*all_rules(), _CountingRule])
     assert findings and len(parses) == 1
     assert [type(v) for v in walks] == [engine._Dispatcher]
-    assert visits  # findings: positions were resolved
+    assert len(located) == 1 and not visits  # findings: their nodes' positions, in one pass
     assert _CountingRule.seen == calls
     walks.clear()
-    visits.clear()
+    located.clear()
     assert engine.lint((FIXTURES / "clean_train.py").read_text(), all_rules()) == []
     assert len(walks) == 1
-    assert not visits  # no findings: positions are never computed
+    assert not located  # no findings: positions are never computed
 
 
 def test_files_that_cannot_matter_are_not_parsed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,12 +25,14 @@ from accelify.transform.steps.writes import side_effects
 
 _SOURCES = {
     "accelify": dict.fromkeys(
-        ("Accelerator", "set_seed", "DistributedDataParallelKwargs"), "accelify.runtime"
+        ("Accelerator", "set_seed", "DistributedDataParallelKwargs", "PartialState"),
+        "accelify.runtime",
     ),
     "accelerate": {
         "Accelerator": "accelerate",
         "set_seed": "accelerate.utils",
         "DistributedDataParallelKwargs": "accelerate",
+        "PartialState": "accelerate",
     },
 }
 
@@ -250,7 +252,7 @@ def _import(plan: Plan) -> None:
         where = imports[-1]
         plan.edits.insert_after(where, *statements)
     else:
-        where = next((s for s in module.body if not _is_docstring(s)), None)
+        where = next((s for s in module.body if not is_docstring(s)), None)
         if where is None:
             return
         plan.edits.insert_before(where, *statements, first=True)
@@ -261,7 +263,7 @@ def _leading(module: cst.Module) -> list[cst.BaseStatement]:
     """The docstring and imports at the top, up to the first other statement."""
     out = []
     for statement in module.body:
-        if not (_is_import(statement) or _is_docstring(statement)):
+        if not (_is_import(statement) or is_docstring(statement)):
             break
         out.append(statement)
     return out
@@ -273,7 +275,7 @@ def _is_import(statement: cst.BaseStatement) -> bool:
     )
 
 
-def _is_docstring(statement: cst.BaseStatement) -> bool:
+def is_docstring(statement: cst.BaseStatement) -> bool:
     return (
         isinstance(statement, cst.SimpleStatementLine)
         and isinstance(statement.body[0], cst.Expr)

@@ -21,7 +21,7 @@ import libcst as cst
 from accelify.transform.analysis import Loop, key_of, names_in
 from accelify.transform.patterns import Role, callee_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.setup import Refused, origins
+from accelify.transform.setup import BACKWARD, Refused, origins, step_order, stepped_optimizers
 from accelify.transform.steps.moves import prepared_loop
 
 _STEP_CALLS = frozenset({"step", "zero_grad", "clip_grad_norm_", "clip_grad_value_"})
@@ -52,6 +52,7 @@ def accumulate(plan: Plan) -> None:
         step_if = _step_if(plan, loop)
         if step_if is None:
             if flag is not None and flag > 1 and _trains_directly(plan, loop):
+                _keeps_alternation(plan, loop)
                 _wrap(plan, loop, loop.node.body.body[-1], unwrap_if=None)  # type: ignore[attr-defined]
             continue
         try:
@@ -65,7 +66,63 @@ def accumulate(plan: Plan) -> None:
                 "processes, with gradients synchronised on every batch",
             )
             continue
+        _keeps_alternation(plan, loop)
         _apply(plan, found)
+
+
+def _keeps_alternation(plan: Plan, loop: Loop) -> None:
+    """accumulate() holds every step and every prepared ``zero_grad()`` to the window's last
+    batch. So a zero_grad must follow that batch's backward, and with several optimizers each
+    batch must run every backward before any step, once each: a loss computed after a step in
+    the same batch (a GAN's generator through the just-stepped discriminator) would see weights
+    not yet updated, and a step repeated in an inner loop would repeat on one gradient."""
+    a = plan.analysis
+    inside = [call for call, _s, _lp in a.backward_calls if a.contains(loop.node, call)]
+    last = max((a.line(call) for call in inside), default=0)
+    several = len(stepped_optimizers(a, plan.setup)) > 1  # type: ignore[arg-type]
+    for key, call in step_order(a, plan.setup, loop.node) if several else ():  # type: ignore[arg-type]
+        if key == BACKWARD:
+            continue
+        if a.line(call) < last:
+            raise Refused(
+                call,
+                f"{key}.step() runs before a later backward in the same batch (alternating "
+                "updates): accumulate() holds every step to the window's last batch, so that "
+                "later loss would see weights not yet updated; convert without accumulation",
+            )
+        if a.enclosing(call, (cst.For, cst.While)) is not loop.node:
+            raise Refused(
+                call,
+                f"{key}.step() runs in an inner loop, several times per batch: accumulate() "
+                "cannot keep that inside one window",
+            )
+    _zero_after_backward(plan, loop, last)
+
+
+def _zero_after_backward(plan: Plan, loop: Loop, last: int) -> None:
+    """A prepared ``zero_grad()`` acts on a window's last batch only, so one that runs before
+    that batch's backward (the common ``zero_grad()`` at the top of the loop) would clear the
+    gradients of the whole window: only the last batch would count, silently."""
+    a = plan.analysis
+    for call, _scope in plan.training_calls():
+        if a.contains(loop.node, call) and a.line(call) < last and _zeroes(plan, call):
+            raise Refused(
+                call,
+                f"{_code(plan, call)} runs before the backward: on a window's last batch it "
+                "would clear the gradients accumulated over the window (move it after the "
+                "optimizer's step)",
+            )
+
+
+def _zeroes(plan: Plan, call: cst.Call) -> bool:
+    """``optimizer.zero_grad()``, ``model.zero_grad()``, or a call of the file's own function
+    that makes one (``reset_grad()``)."""
+    a = plan.analysis
+    function = a.functions.get(callee_name(call) or "")
+    inner = [c for c, where in a.calls if where is function] if function else []
+    return any(
+        callee_name(c) == "zero_grad" and _steps_training_object(plan, c) for c in [call, *inner]
+    )
 
 
 def _trains_directly(plan: Plan, loop: Loop) -> bool:
@@ -380,14 +437,14 @@ def _wrap(plan: Plan, loop: Loop, last: cst.BaseStatement, unwrap_if: cst.If | N
     """``with accelerator.accumulate(model):`` around the loop's statements up to ``last``; the
     step test becomes ``accelerator.sync_gradients`` (or goes, when it only stepped)."""
     accelerator = plan.accelerator(loop.node)
-    model = _model_in(plan, loop)
+    models = _models_in(plan, loop)
     body = list(loop.node.body.body)  # type: ignore[attr-defined]
     header = cst.With(
         items=[
             cst.WithItem(
                 cst.Call(
                     cst.Attribute(accelerator, cst.Name("accumulate")),  # type: ignore[arg-type]
-                    args=[cst.Arg(cst.parse_expression(model))],
+                    args=[cst.Arg(cst.parse_expression(m)) for m in models],
                 )
             )
         ],
@@ -401,26 +458,27 @@ def _wrap(plan: Plan, loop: Loop, last: cst.BaseStatement, unwrap_if: cst.If | N
     elif unwrap_if is not None:
         plan.edits.unwrap(unwrap_if)
         plan.unwrapped.add(id(unwrap_if))
-    plan.changed(loop.node, f"wrapped the step in accelerator.accumulate({model})")
+    plan.changed(loop.node, f"wrapped the step in accelerator.accumulate({', '.join(models)})")
 
 
-def _model_in(plan: Plan, loop: Loop) -> str:
-    """The prepared model the loop trains: the one it calls, else the only one."""
+def _models_in(plan: Plan, loop: Loop) -> list[str]:
+    """The prepared models the loop trains, in prepare()'s order: the ones it calls (each
+    skips its gradient sync between steps), else the only one."""
     a = plan.analysis
     setup = plan.setup
     models = setup.models(a)  # type: ignore[union-attr]
     called = {
-        key
+        key: min(models.index(m) for m in held)
         for call, scope in a.calls
         if scope is loop.scope
         and a.contains(loop.node, call)
         and (key := key_of(call.func)) is not None
-        and origins(a, setup.scope, scope, key) & set(models)  # type: ignore[union-attr]
+        and (held := origins(a, setup.scope, scope, key) & set(models))  # type: ignore[union-attr]
     }
-    if len(called) == 1:
-        return called.pop()
+    if called:
+        return sorted(called, key=called.__getitem__)
     if len(models) == 1 and loop.scope is setup.scope:  # type: ignore[union-attr]
-        return models[0]
+        return models
     raise Refused(loop.node, "cannot tell which prepared model this loop trains")
 
 

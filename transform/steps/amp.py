@@ -20,7 +20,7 @@ import libcst as cst
 from accelify.transform.analysis import key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.setup import Refused
+from accelify.transform.setup import BACKWARD, Refused, step_order, stepped_optimizers
 from accelify.transform.steps.backward import to_accelerator_backward
 from accelify.transform.walk import Visitor, walk
 
@@ -32,6 +32,8 @@ def amp(plan: Plan) -> None:
     if plan.setup is None:
         return
     a = plan.analysis
+    if plan.options.mixed_precision == "fp16":
+        _one_scaler_keeps_steps(plan)
     scalers = [
         b
         for b in a.bindings
@@ -62,6 +64,28 @@ def amp(plan: Plan) -> None:
     for b in scalers:
         plan.remove(a.statement_of(b.node))
         plan.changed(b.node, f"removed {b.key}: the accelerator scales the loss")
+
+
+def _one_scaler_keeps_steps(plan: Plan) -> None:
+    """fp16 gives the accelerator one GradScaler for all optimizers, updated after each step (as
+    HF Accelerate's): gradients scaled before another optimizer's step would be unscaled with
+    the updated scale. So with several optimizers every step must follow its own backward, made
+    after the previous step (D's backward, D's step, G's backward, G's step)."""
+    a = plan.analysis
+    setup = plan.setup
+    if len(stepped_optimizers(a, setup)) < 2 or not a.backward_calls:  # type: ignore[arg-type]
+        return
+    within = a.scope_of[id(a.backward_calls[0][0])].node
+    previous = BACKWARD
+    for key, call in step_order(a, setup, within):  # type: ignore[arg-type]
+        if BACKWARD not in (key, previous):
+            raise Refused(
+                call,
+                f"--mixed-precision fp16: {key}.step() follows {previous}.step() with no "
+                f"backward between; the accelerator's one loss scaler changes its scale at "
+                f"{previous}.step(), after {key}'s gradients were scaled",
+            )
+        previous = key
 
 
 def _autocast_calls(plan: Plan) -> list[cst.Call]:

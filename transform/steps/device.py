@@ -37,7 +37,12 @@ def device(plan: Plan) -> None:
     for b in a.bindings:
         if not isinstance(b.node, cst.Assign) or a.role(b.scope, b.key) is not Role.DEVICE:
             continue
-        if b.value is not None and mentions(b.value, devices - {b.key}):
+        if b.value is None:
+            continue  # unpacked from a call's result: it follows the choice made there
+        # A GPU's number handed in as a parameter (a Trainer's ``self.gpu = gpu``) is no choice
+        # the conversion rewrites, so nothing to follow: it becomes the accelerator's device.
+        ordinals = {p for p in b.scope.params if a.holds_ordinal(b.scope, p)}
+        if mentions(b.value, devices - {b.key} - ordinals):
             continue  # derived from another device: it follows that one
         if b.scope not in plan.training:
             _refuse_read_global(plan, b)
@@ -60,7 +65,12 @@ def _refuse_read_global(plan: Plan, binding: Binding) -> None:
     for scope in plan.training:
         if scope.is_module or not a.reads_global(scope, binding.key):
             continue
-        names = [n for n in names_in(scope.node) if n.value == binding.key]
+        names = [
+            n
+            for n in names_in(scope.node)
+            if n.value == binding.key
+            and not (isinstance(a.parent(n), cst.Attribute) and a.parent(n).attr is n)  # self.gpu
+        ]
         if names:
             readers[scope] = names
     if not readers:

@@ -182,12 +182,13 @@ def _drop_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
 
 
 def _self_assign(parent: cst.CSTNode | None, receiver: str, move: cst.Call) -> bool:
-    """``x = x.to(device)``."""
+    """``x = x.to(device)`` (not ``x = x.reshape(-1).to(device)``, which must keep its reshape)."""
     return (
         isinstance(parent, cst.Assign)
         and parent.value is move
         and len(parent.targets) == 1
         and key_of(parent.targets[0].target) == receiver
+        and key_of(move.func.value) == receiver  # type: ignore[attr-defined]
     )
 
 

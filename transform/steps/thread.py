@@ -3,17 +3,23 @@
 When the accelerator is created inside ``main()``, a ``train(model, loader, optimizer)`` function
 that calls ``accelerator.backward`` gets an ``accelerator`` parameter, and every call to it in the
 file passes ``accelerator=accelerator``. Callers that are not the setup get it the same way, up
-the call chain.
+the call chain. A class whose methods need it (a ``Trainer`` handed the prepared objects) gets it
+in ``__init__``, which keeps it as ``self.accelerator`` before anything else runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import libcst as cst
 
-from accelify.transform.analysis import Scope
-from accelify.transform.patterns import dotted_name
+from accelify.transform.analysis import Scope, name_nodes
 from accelify.transform.plan import Plan
-from accelify.transform.setup import ACCELERATOR
+from accelify.transform.setup import ACCELERATOR, Refused
+from accelify.transform.steps.accelerator import is_docstring
+
+_Item = TypeVar("_Item", cst.Arg, cst.Param)
 
 
 def thread(plan: Plan) -> None:
@@ -23,21 +29,46 @@ def thread(plan: Plan) -> None:
         for scope in pending:
             done.add(scope)
             _add_parameter(plan, scope)
-            for call, caller in a.calls:
-                if dotted_name(call.func) != scope.name:
+            if scope.cls is not None:
+                _keep_on_self(plan, scope)
+            for call, _caller in a.calls:
+                if a.callee(call) is not scope:
                     continue
-                value = plan.accelerator(call)  # may enlist ``caller`` as a borrower too
-                if value is None:
-                    plan.needs_human(call, f"{scope.name}() needs the accelerator; pass it by hand")
-                    continue
+                value = plan.accelerator(call)  # may enlist ``_caller`` as a borrower too
+                assert value is not None  # not optional: where it cannot be had, it refuses
                 arg = cst.Arg(value, keyword=cst.Name(ACCELERATOR), equal=_tight_equal())
                 plan.edits.replace(
-                    call,
-                    lambda node, arg=arg: node.with_changes(
-                        args=[*_comma_after_last(node.args), arg]
-                    ),
+                    call, lambda node, arg=arg: node.with_changes(args=_appended(node.args, arg))
                 )
-                del caller
+
+
+def _keep_on_self(plan: Plan, init: Scope) -> None:
+    """``self.accelerator = accelerator`` first in ``__init__``, so every method reaches it.
+
+    Only when each mention of the class in the file is a call that builds it (each is handed
+    the accelerator above): a subclass, or the class passed around and built elsewhere, would
+    miss the new argument.
+    """
+    a = plan.analysis
+    cls = init.cls
+    assert cls is not None
+    name = cls.name.value
+    builds = {id(call.func) for call, _scope in a.calls if a.callee(call) is init}
+    for mention in name_nodes(a.module, name):
+        if mention is not cls.name and id(mention) not in builds:
+            raise Refused(
+                mention,
+                f"{name} is used here other than built, so it cannot be handed the accelerator",
+            )
+    if any(b.key == f"self.{ACCELERATOR}" and b.scope.cls is cls for b in a.bindings):
+        raise Refused(cls, f"{name} already has an attribute {ACCELERATOR}")
+    body = init.body
+    first = 1 if body and is_docstring(body[0]) else 0
+    statement = plan.statement(f"self.{ACCELERATOR} = {ACCELERATOR}\n")
+    if first < len(body):
+        plan.edits.insert_before(body[first], statement, first=True)
+    else:
+        plan.edits.insert_after(body[-1], statement)
 
 
 def _add_parameter(plan: Plan, scope: Scope) -> None:
@@ -48,11 +79,14 @@ def _add_parameter(plan: Plan, scope: Scope) -> None:
         star = params.star_arg
         if star is cst.MaybeSentinel.DEFAULT:
             star = cst.ParamStar()
-        changed = params.with_changes(star_arg=star, kwonly_params=[*params.kwonly_params, new])
+        changed = params.with_changes(
+            star_arg=star, kwonly_params=_appended(params.kwonly_params, new)
+        )
     else:
-        changed = params.with_changes(params=[*_comma_after_last(params.params), new])
+        changed = params.with_changes(params=_appended(params.params, new))
     plan.edits.replace(params, changed)
-    plan.changed(node, f"{scope.name}() now receives the accelerator")
+    name = f"{scope.cls.name.value}.{scope.name}" if scope.cls is not None else scope.name
+    plan.changed(node, f"{name}() now receives the accelerator")
 
 
 def _tight_equal() -> cst.AssignEqual:
@@ -60,8 +94,14 @@ def _tight_equal() -> cst.AssignEqual:
     return cst.AssignEqual(whitespace_before=empty, whitespace_after=empty)
 
 
-def _comma_after_last(items):
+def _appended(items: Sequence[_Item], new: _Item) -> list[_Item]:
+    """``items`` followed by ``new``, laid out as they are: after a trailing comma (one item a
+    line), ``new`` gets a line of its own and the trailing comma."""
     if not items:
-        return []
-    last = items[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return [*items[:-1], last]
+        return [new]
+    last = items[-1]
+    if isinstance(last.comma, cst.Comma) and len(items) > 1:
+        between = items[-2].comma
+        return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [*items[:-1], last.with_changes(comma=comma), new]

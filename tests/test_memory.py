@@ -1,0 +1,76 @@
+"""Linting a very large file holds little beyond libcst's own tree (issue 14: a 200k-line file).
+
+Findings get positions from :func:`accelify.rules.engine.positions`, which walks libcst's position
+codegen keeping only the reported nodes' spans; libcst's ``PositionProvider`` keeps one for every
+node (about a tenth of the tree again) and costs about twice the parse.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from accelify.rules.engine import positions
+
+ROOT = Path(__file__).resolve().parents[1]
+ODD = [
+    "",
+    "x",
+    "x = 1\r\ny = (1,\r\n  2)\r\n",
+    "x = 1\ry = 2\r",
+    "if a:\n\tf(b)\n\tg(\n\t  c)\n",
+    "x = \\\n  1\n",
+    's = """a\nb""".format(c)\n',
+    "# c\n\n@d\n# e\n@f(\n  1)\nasync def g():\n    async with a as b: pass\n",
+    "match x:\n    case [1, *r] if r: pass\n    case _:\n        pass\n",
+    "try:\n  pass\nexcept* E as e:\n  pass\nelse:\n  pass\nfinally:\n  pass\n",
+    "x = 1;y = 2;",
+]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ODD + [p.read_text() for p in sorted((ROOT / "fixtures").rglob("*.py"))],
+    ids=lambda text: str(hash(text) % 10**6),
+)
+def test_positions_match_libcst_position_provider(text: str) -> None:
+    """Every node's span, asked for all at once, is libcst's: also pins the private codegen
+    hooks ``positions`` relies on against a libcst upgrade."""
+    module = cst.parse_module(text)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    assert positions(module, set(expected)) == dict(expected)
+
+
+def _peak_mib(code: str, path: Path) -> float:
+    """Peak RSS of ``code`` run in a fresh interpreter with ``path`` as ``sys.argv[1]``."""
+    probe = f"{code}\nimport resource\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.split()[-1]) / 1024
+
+
+@pytest.mark.slow
+def test_linting_a_large_file_costs_little_more_memory_than_parsing_it(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import corpus
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    planted = (ROOT / "fixtures" / "lint" / "planted.py").read_text()
+    path = tmp_path / "train.py"
+    path.write_text(corpus.grow_script(planted, 8000, random.Random(0)))
+    parse = _peak_mib("import sys, libcst; libcst.parse_module(open(sys.argv[1]).read())", path)
+    lint = _peak_mib(
+        "import sys\nfrom accelify.rules.runner import Options, check_file\n"
+        "assert check_file(sys.argv[1], Options()).findings",  # positions are computed
+        path,
+    )
+    # Imports differ by a few MiB; every node's position would add a tenth of the tree.
+    assert lint - parse < 0.06 * parse + 12, (lint, parse)
