@@ -71,6 +71,20 @@ class Edits:
     def is_removed(self, statement: cst.CSTNode) -> bool:
         return id(statement) in self.removals
 
+    def remove_emptying(
+        self, statement: cst.CSTNode, parent: Callable[[cst.CSTNode], cst.CSTNode | None]
+    ) -> None:
+        """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
+        self.remove(statement)  # type: ignore[arg-type]
+        block = parent(statement)
+        owner = parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if (
+            isinstance(owner, cst.If)
+            and owner.orelse is None
+            and all(self.is_removed(s) for s in block.body)  # type: ignore[union-attr]
+        ):
+            self.remove_emptying(owner, parent)
+
     def __bool__(self) -> bool:
         return bool(
             self.replacements

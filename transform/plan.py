@@ -104,17 +104,8 @@ class Plan:
 
     def remove(self, statement: cst.CSTNode | None) -> None:
         """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
-        if statement is None:
-            return
-        self.edits.remove(statement)  # type: ignore[arg-type]
-        block = self.analysis.parent(statement)
-        owner = self.analysis.parent(block) if isinstance(block, cst.IndentedBlock) else None
-        if (
-            isinstance(owner, cst.If)
-            and owner.orelse is None
-            and all(self.edits.is_removed(s) for s in block.body)  # type: ignore[union-attr]
-        ):
-            self.remove(owner)
+        if statement is not None:
+            self.edits.remove_emptying(statement, self.analysis.parent)
 
     def accelerator(
         self, node: cst.CSTNode, *, optional: bool = False, borrow: bool = True

@@ -56,15 +56,7 @@ class Rewrite:
 
     def remove(self, statement: cst.CSTNode) -> None:
         """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
-        self.edits.remove(statement)  # type: ignore[arg-type]
-        block = self.analysis.parent(statement)
-        owner = self.analysis.parent(block) if isinstance(block, cst.IndentedBlock) else None
-        if (
-            isinstance(owner, cst.If)
-            and owner.orelse is None
-            and all(self.edits.is_removed(s) for s in block.body)  # type: ignore[union-attr]
-        ):
-            self.remove(owner)
+        self.edits.remove_emptying(statement, self.analysis.parent)
 
     def bare_statement(self, call: cst.Call) -> cst.BaseStatement:
         """The statement line that is only ``call``; :class:`Refused` if its value is used."""
