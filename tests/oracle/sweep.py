@@ -78,6 +78,19 @@ def parallel(jobs: int, fn: Callable, items: list) -> dict:
         return dict(zip(items, pool.map(fn, items), strict=True))
 
 
+def judge_selected(items: list, test: str, param: str, source: Callable[[object], str]) -> dict:
+    """The verdict of every script that the session's selected ``test`` items name by ``param``,
+    judged once, two at a time: what each slow oracle test module's fixture hands its tests."""
+    selected = [
+        item.callspec.params[param] for item in items if getattr(item, "originalname", "") == test
+    ]
+    runner = Runner()
+    try:
+        return parallel(2, lambda key: judge(source(key), f"sample_{key}", runner), selected)
+    finally:
+        runner.close()
+
+
 def source_state(folder: str) -> str:
     """A digest of the sources under ``folder`` (transform or runtime) of the repository."""
     root = Path(__file__).resolve().parents[2]

@@ -100,19 +100,14 @@ def test_helper_parameters_are_the_names_the_body_reads() -> None:
 def verdicts(request: pytest.FixtureRequest) -> dict:
     """Judge the selected scripts of the sample once, two at a time."""
     pytest.importorskip("accelerate")
-    from runner import Runner, judge
-    from sweep import parallel
+    from sweep import judge_selected
 
-    selected = [
-        item.callspec.params["index"]
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_conversion_matches_original"
-    ]
-    runner = Runner()
-    try:
-        return parallel(2, lambda i: judge(generate(SEED, i)[1], f"sample_{i}", runner), selected)
-    finally:
-        runner.close()
+    return judge_selected(
+        request.session.items,
+        "test_conversion_matches_original",
+        "index",
+        lambda i: generate(SEED, i)[1],
+    )
 
 
 @pytest.mark.slow

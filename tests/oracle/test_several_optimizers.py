@@ -29,19 +29,14 @@ def test_every_variant_is_in_the_sample_and_compiles() -> None:
 def verdicts(request: pytest.FixtureRequest) -> dict:
     """Judge the selected scripts once, two at a time."""
     pytest.importorskip("accelerate")
-    from runner import Runner, judge
-    from sweep import parallel
+    from sweep import judge_selected
 
-    selected = [
-        item.callspec.params["script"]
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_several_optimizers_match_original"
-    ]
-    runner = Runner()
-    try:
-        return parallel(2, lambda s: judge(render(SAMPLE[s]), s, runner), selected)
-    finally:
-        runner.close()
+    return judge_selected(
+        request.session.items,
+        "test_several_optimizers_match_original",
+        "script",
+        lambda s: render(SAMPLE[s]),
+    )
 
 
 @pytest.mark.slow
