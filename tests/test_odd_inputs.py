@@ -178,3 +178,37 @@ def test_rule_without_a_code_lists_the_rules(capsys: pytest.CaptureFixture[str])
     assert lint_cli.run(["rule"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("ACL001  ") and len(lines) > 10
+
+
+def test_python_parses_from_two_threads_at_once() -> None:
+    """Library users convert from threads; CPython 3.11's AST builder shares its recursion counter
+    between threads, which fails the other thread's parse unless the calls are serialised."""
+    import threading
+    import time
+
+    class SlowFinaliser:  # runs Python code (and switches threads) inside the AST builder's GC
+        def __init__(self) -> None:
+            self.cycle = self
+
+        def __del__(self) -> None:
+            time.sleep(0)
+
+    text = (Path(__file__).parents[1] / "fixtures" / "convert" / "mnist.in.py").read_text() * 5
+    errors: list[BaseException] = []
+
+    def parse_at_depth(depth: int) -> None:
+        if depth:
+            return parse_at_depth(depth - 1)
+        for _ in range(150):
+            [SlowFinaliser() for _ in range(50)]
+            try:
+                sources.python_ast(text)
+            except SystemError as err:
+                errors.append(err)
+
+    threads = [threading.Thread(target=parse_at_depth, args=(d,)) for d in (3, 40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []

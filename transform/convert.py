@@ -7,7 +7,6 @@ the file the user wrote, and steps cannot trip over each other's rewrites.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -21,7 +20,7 @@ from accelify.transform.neighbours import fetching_imports
 from accelify.transform.patterns import Role
 from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
-from accelify.transform.sources import SourceError, python_syntax_error, too_deep
+from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 from accelify.transform.steps.accelerator import accelerator as write_accelerator
 
@@ -80,7 +79,7 @@ def _check_valid(code: str, path: str) -> None:
     when it says no, so syntax newer than this interpreter (which libcst reads) is not refused.
     """
     try:
-        compile(code, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        python_ast(code, path)
         return
     except SyntaxError:
         pass

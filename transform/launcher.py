@@ -18,6 +18,7 @@ from itertools import accumulate
 import libcst as cst
 
 from accelify.transform.plan import Target
+from accelify.transform.sources import python_ast
 
 FUNCTION = "training_function"
 _LAUNCHER_MODULE = {"accelify": "accelify.runtime", "accelerate": "accelerate"}
@@ -109,7 +110,7 @@ def _imports(statement: cst.BaseStatement) -> bool:
 def _names(text: str) -> set[str]:
     """Every name a top-level statement reads, binds or imports."""
     names = set()
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(python_ast(text)):
         if isinstance(node, ast.Name):
             names.add(node.id)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -125,7 +126,7 @@ def _touches_cuda(text: str) -> bool:
     return any(
         (isinstance(node, ast.Attribute) and node.attr == "cuda")
         or (isinstance(node, ast.Constant) and str(node.value).startswith("cuda"))
-        for node in ast.walk(ast.parse(text))
+        for node in ast.walk(python_ast(text))
     )
 
 

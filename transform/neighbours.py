@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from accelify.transform.sources import SourceError, read
+from accelify.transform.sources import SourceError, python_ast, read
 
 FETCHES = frozenset(
     {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
@@ -51,7 +51,7 @@ def _parse(file: Path) -> ast.Module | None:
     if not file.is_file():
         return None
     try:
-        return ast.parse(read(str(file)).text, str(file))
+        return python_ast(read(str(file)).text, str(file))
     except (SourceError, SyntaxError, ValueError, OSError):
         return None  # a module we cannot read tells us nothing
 

@@ -14,10 +14,15 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ast
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"  # the path reports give standard input
@@ -40,13 +45,25 @@ class SourceError(Exception):
         return SourceError, (self.path, self.line, self.message)
 
 
+# CPython before 3.12 keeps the AST builder's recursion depth in interpreter-wide state: two
+# threads building ASTs at once fail with "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905). Library users convert from threads; one at a time is cheap.
+_AST_LOCK = threading.Lock()
+
+
+def python_ast(text: str, path: str = "<unknown>") -> ast.Module:
+    """``ast.parse``, safe to call from several threads."""
+    import ast  # only here: the tools' start-up does not pay for it
+
+    with _AST_LOCK:
+        return ast.parse(text, path)
+
+
 def python_syntax_error(text: str, path: str) -> SyntaxError | None:
     """CPython's ``SyntaxError`` for ``text``, or None when it parses. Raised at once for nesting
     beyond Python's limits, which libcst's native parser would crash on (SIGSEGV)."""
-    import ast  # only here: the tools' start-up does not pay for it
-
     try:
-        compile(text, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        python_ast(text, path)
     except SyntaxError as err:
         if "too many" in (err.msg or ""):  # nested parentheses, indentation levels, ...
             raise
@@ -62,7 +79,7 @@ def too_deep(path: str, text: str) -> SourceError:
     import ast  # only on this rare path
 
     deepest, line = 0, 1
-    stack: list[tuple[ast.AST, int]] = [(ast.parse(text), 0)]
+    stack: list[tuple[ast.AST, int]] = [(python_ast(text, path), 0)]
     while stack:  # iterative: the recursion is what ran out
         node, depth = stack.pop()
         if depth > deepest and hasattr(node, "lineno"):
