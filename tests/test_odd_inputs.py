@@ -32,6 +32,8 @@ for x in torch.randn(8, 4).split(2):
 LONG = "import torch\nx = " + " + ".join(["1"] * 1500) + "\n"
 # CPython refuses more than 200 nested brackets; libcst's parser dies past a few thousand.
 NESTED = "import torch\nx = " + "(" * 2500 + "1" + ")" * 2500 + "\n"
+# CPython's parser runs out of stack (MemoryError) on ~6000 unary operators; libcst's crashes.
+UNARY = "import torch\nx = " + "-" * 20000 + "1\n"
 
 
 def _files(tmp_path: Path, **texts: str) -> dict[str, Path]:
@@ -47,8 +49,9 @@ def _lines(captured: str) -> list[str]:
 
 
 @pytest.mark.parametrize("text, message", [(LONG, "nested too deeply to analyse"),
-                                           (NESTED, "too many nested parentheses")],
-                         ids=["long-expression", "deep-brackets"])  # fmt: skip
+                                           (NESTED, "too many nested parentheses"),
+                                           (UNARY, "too complex for Python's parser")],
+                         ids=["long-expression", "deep-brackets", "unary-chain"])  # fmt: skip
 def test_deep_code_is_one_line_and_the_inplace_run_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
@@ -60,7 +63,9 @@ def test_deep_code_is_one_line_and_the_inplace_run_goes_on(
     assert files["deep"].read_text() == text
 
 
-@pytest.mark.parametrize("text", [LONG, NESTED], ids=["long-expression", "deep-brackets"])
+@pytest.mark.parametrize(
+    "text", [LONG, NESTED, UNARY], ids=["long-expression", "deep-brackets", "unary-chain"]
+)
 def test_the_linter_reports_deep_code_on_one_line_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:

@@ -68,9 +68,20 @@ def python_syntax_error(text: str, path: str) -> SyntaxError | None:
         if "too many" in (err.msg or ""):  # nested parentheses, indentation levels, ...
             raise
         return err
-    except RecursionError:
-        raise SyntaxError("nested too deeply to parse", (path, 1, 0, "")) from None
+    except RecursionError:  # building the AST: thousands of ``.attr`` or unary terms
+        raise SyntaxError(
+            "nested too deeply to parse", (path, _longest_line(text), 0, "")
+        ) from None
+    except MemoryError:  # CPython's parser overflows its stack (thousands of unary operators)
+        message = "too complex for Python's parser (nested too deeply; split this expression)"
+        raise SyntaxError(message, (path, _longest_line(text), 0, "")) from None
     return None
+
+
+def _longest_line(text: str) -> int:
+    """Where an overflow most likely is: neither error says, and such code is one long line."""
+    lines = text.splitlines() or [""]
+    return max(range(len(lines)), key=lambda i: len(lines[i])) + 1
 
 
 def too_deep(path: str, text: str) -> SourceError:
