@@ -40,7 +40,9 @@ def launch(
     module = cst.parse_module(code)
     body = list(module.body)
     texts = [module.code_for_node(s) for s in body]
-    lines = list(accumulate((t.count("\n") for t in texts[:-1]), initial=1))  # where each starts
+    # The line of each statement's own code: past the module's header comments and its own.
+    tops = accumulate((t.count("\n") for t in texts[:-1]), initial=1 + len(module.header))
+    lines = [top + len(s.leading_lines) for top, s in zip(tops, body, strict=True)]
     names = [_names(text) for text in texts]
     starts = [i for i, s in enumerate(body) if _creates_accelerator(s)]
     if len(starts) != 1:

@@ -4,7 +4,6 @@ everything else in the file kept, IPython lines untouched, errors named by cell.
 from __future__ import annotations
 
 import ast
-import itertools
 import json
 import re
 from pathlib import Path
@@ -17,18 +16,10 @@ from accelify.transform import notebook as nb
 from accelify.transform.convert import Options, Result, convert
 from accelify.transform.notebook import convert_notebook
 
+from ..oracle.notebook_cells import book, statement_cells
 from .conftest import CASES_DIR, case_id, cases
 
 GUIDE = CASES_DIR / "notebooks" / "guide.in.ipynb"
-
-
-def _book(*sources: str, **cell: object) -> str:
-    cells = [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], **cell}
-        | {"source": source}
-        for source in sources
-    ]
-    return json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
 def _code_sources(text: str) -> list[str]:
@@ -89,20 +80,9 @@ def test_notebook_conversion_is_the_script_conversion_split() -> None:
     python = [s for s in _code_sources(GUIDE.read_text()) if not ipynb.is_cell_magic(s)]
     sources = ["\n".join(_python_lines(source)) for source in python]
     script = convert("".join(f"{s}\n" for s in sources), Options()).code
-    cells = _code_sources(convert_notebook(_book(*sources), Options(), "nb.ipynb").code)
+    cells = _code_sources(convert_notebook(book(*sources), Options(), "nb.ipynb").code)
     assert script != "".join(f"{s}\n" for s in sources)
     assert _python_lines("\n".join(cells), blank=False) == _python_lines(script, blank=False)
-
-
-def _statement_cells(script: str) -> list[str]:
-    """``script`` cut into one cell per top-level statement (decorators with their function)."""
-    lines = script.splitlines(keepends=True)
-    starts = [
-        min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
-        for node in ast.parse(script).body
-    ]
-    bounds = [1, *starts[1:], len(lines) + 1]
-    return ["".join(lines[a - 1 : b - 1]) for a, b in itertools.pairwise(bounds)]
 
 
 def _code_lines(text: str) -> list[str]:
@@ -116,8 +96,8 @@ def test_every_golden_script_converts_the_same_cut_into_cells(case: Path) -> Non
     script = case.read_text()
     if script.startswith("# accel-convert:") or not ast.parse(script).body:
         pytest.skip("converted with options, or empty")
-    cells = _statement_cells(script)
-    result = convert_notebook(_book(*cells), Options(), "nb.ipynb")
+    cells = statement_cells(script)
+    result = convert_notebook(book(*cells), Options(), "nb.ipynb")
     assert not [n for n in result.notes if "notebook left unchanged" in n.message]
     converted = "\n".join(_code_sources(result.code))
     assert _code_lines(converted) == _code_lines(convert(script, Options()).code)
@@ -142,14 +122,14 @@ def test_json_layout_is_kept(indent: int | str | None) -> None:
 
 
 def test_a_notebook_with_nothing_to_convert_is_returned_as_it_came() -> None:
-    text = _book("print('hello')", "x = 1\n")
+    text = book("print('hello')", "x = 1\n")
     text = text.replace(", ", ",  ")  # a layout json.dumps would not write
     result = convert_notebook(text, Options(), "nb.ipynb")
     assert result.code == text and not result.changed
 
 
 def test_code_added_before_a_cells_first_statement_goes_into_that_cell() -> None:
-    text = _book(
+    text = book(
         "import torch",
         "%%time\nprint('timing')",
         "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
@@ -164,7 +144,7 @@ def test_code_added_before_a_cells_first_statement_goes_into_that_cell() -> None
 def test_an_ipython_line_keeps_the_indentation_of_the_block_it_ends_up_in() -> None:
     loop = "for x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
     loop += "    %time optimizer.step()"
-    text = _book("model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)", loop)
+    text = book("model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)", loop)
     options = Options(gradient_accumulation_steps=2)
     cells = _code_sources(convert_notebook(text, options, "nb.ipynb").code)
     assert "    with accelerator.accumulate(model):\n" in cells[1]
@@ -179,7 +159,7 @@ def test_a_split_that_is_not_exact_leaves_the_notebook_unchanged(
         return Result(code.replace("x = 1", "x = 2"), original=source)
 
     monkeypatch.setattr(nb, "convert", drop_last_marker)
-    text = _book("x = 1", "y = 2")
+    text = book("x = 1", "y = 2")
     result = convert_notebook(text, Options(), "nb.ipynb")
     assert result.code == text
     [note] = result.notes
@@ -191,8 +171,8 @@ def test_a_split_that_is_not_exact_leaves_the_notebook_unchanged(
     [
         ("{not json", "nb.ipynb:1: not a Jupyter notebook: Expecting property name"),
         ('{"cells": {}}', 'nb.ipynb:1: not a Jupyter notebook: no "cells" list'),
-        (_book("import torch", "%load_ext foo\nx = (1,\n"), "nb.ipynb:cell 2:2: syntax error:"),
-        (_book("!ls", "if x:\n    %time y\n  z = 1"), "nb.ipynb:cell 2:3: syntax error:"),
+        (book("import torch", "%load_ext foo\nx = (1,\n"), "nb.ipynb:cell 2:2: syntax error:"),
+        (book("!ls", "if x:\n    %time y\n  z = 1"), "nb.ipynb:cell 2:3: syntax error:"),
     ],
     ids=["not-json", "no-cells", "unclosed-bracket", "bad-indent"],
 )
@@ -283,12 +263,29 @@ def test_launcher_moves_the_training_and_every_cuda_touch_into_one_function() ->
 def test_launcher_refuses_what_the_fork_would_break(first: str, last: str, why: str) -> None:
     setup = "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)"
     loop = "for x in loader:\n    loss = model(x).sum()\n    loss.backward()\n    optimizer.step()"
-    text = _book(f"import torch\n{first}".strip(), setup, loop, last)
+    text = book(f"import torch\n{first}".strip(), setup, loop, last)
     result = convert_notebook(text, Options(), "nb.ipynb", launcher=2)
     plain = convert_notebook(text, Options(), "nb.ipynb")
     assert result.code == plain.code  # converted cell by cell, not launched
     [note] = [n for n in result.notes if n.manual]
     assert note.message.startswith(f"training not launched: {why}")
+
+
+@pytest.mark.parametrize(
+    "header", ["", "# a notebook\n# about training\n"], ids=["bare", "comments"]
+)
+def test_launcher_refusal_names_the_line_of_the_code(header: str) -> None:
+    """Comments above a statement (the file's first ones included) do not move the line."""
+    cells = [
+        f"{header}import torch",
+        "loader = [torch.ones(2)]",
+        "# warm the device up\nwarm = torch.ones(1).cuda()",
+        "model = torch.nn.Linear(2, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+        "for x in loader:\n    loss = model(x).sum()\n    loss.backward()\n    optimizer.step()",
+    ]
+    result = convert_notebook(book(*cells), Options(), "nb.ipynb", launcher=2)
+    [note] = [n.message for n in result.notes if n.message.startswith("training not launched")]
+    assert note.startswith("training not launched: cell 3:2 initialises CUDA")
 
 
 def test_launcher_is_for_notebooks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,7 +301,7 @@ def test_a_shell_command_continued_with_backslashes_is_one_ipython_command() -> 
     training = "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
     training += "for x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
     training += "    optimizer.step()"
-    text = _book(install, training)
+    text = book(install, training)
     cells = _code_sources(convert_notebook(text, Options(), "nb.ipynb").code)
     assert cells[0].startswith("!pip install -q \\\n    torch \\\n    accelerate\nimport torch\n")
     lint_text = lint_notebook.parse("nb.ipynb", text).text

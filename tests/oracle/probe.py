@@ -10,7 +10,8 @@ drives it:
 - every ``Tensor.backward()`` records the value it is called on, in order (the loss);
 - every index a ``DataLoader`` fetches from a map-style dataset is recorded with the dataset's
   length (which tells the training set from the test set) and the loader pass it belongs to;
-- every optimizer is remembered when built; at the end its parameters are the final weights.
+- every optimizer is remembered when built; at the end its parameters are the final weights;
+- ``accelify.runtime.notebook_launcher`` makes each worker it launches save its own record.
 
 A run launched fresh pays about two seconds to import torch. The zygote imports torch, HF
 Accelerate and accelify's runtime once and forks a child per run; the child gets a fresh working
@@ -44,6 +45,7 @@ class Recorder:
         self.fetches: list[tuple[int, int, int]] = []  # (dataset length, loader pass, index)
         self.passes: dict[int, int] = {}  # dataset length -> loader passes started
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.launched = False  # a notebook_launcher call started: its workers save the records
 
     def install(self) -> None:
         backward, init = torch.Tensor.backward, torch.optim.Optimizer.__init__
@@ -100,11 +102,34 @@ def _length(dataset: Any) -> int:
         return -1
 
 
+def _record_launched_workers(recorder: Recorder, out_dir: str) -> None:
+    """Make ``accelify.runtime.notebook_launcher`` save each launched worker's record as
+    rank{RANK}.pt when the function returns: a notebook's training runs in workers forked from
+    the script's process, which never sees it (and so saves nothing once a launch starts, which
+    would overwrite rank 0's record). Port "0" (a free one) unless the call names one, so that
+    two judged notebooks may launch at once."""
+    import accelify.runtime
+
+    def notebook_launcher(function: Any, args: Any = (), *rest: Any, **options: Any) -> None:
+        from accelify.runtime.launch.notebook import notebook_launcher as launch
+
+        def worker(*arguments: Any) -> Any:
+            result = function(*arguments)
+            recorder.save(out_dir)
+            return result
+
+        recorder.launched = True
+        launch(worker, args, *rest, **{"use_port": "0", **options})
+
+    accelify.runtime.notebook_launcher = notebook_launcher  # type: ignore[attr-defined]
+
+
 def run(script: str, argv: list[str], out_dir: str) -> int:
     """Run ``script`` as ``__main__`` with the hooks in; its exit code (1 for an exception)."""
     torch.set_num_threads(1)
     recorder = Recorder()
     recorder.install()
+    _record_launched_workers(recorder, out_dir)
     sys.argv = [script, *argv]
     code = 0
     try:
@@ -117,7 +142,8 @@ def run(script: str, argv: list[str], out_dir: str) -> int:
         traceback.print_exc()
         code = 1
     try:
-        recorder.save(out_dir)
+        if not recorder.launched:
+            recorder.save(out_dir)
     except Exception:
         traceback.print_exc()
         code = code or 1

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ CATEGORIES = (CONVERTED, WITH_NOTES, PARTIAL, REFUSED, UNEXPLAINED, WRONG, GENER
 FAILURES = (UNEXPLAINED, WRONG, GENERATOR_BUG)
 EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b")
 NO_LOADER_REPORT = ("every process trains on all the data", "no DataLoader")
+Converter = Callable[..., Result]  # convert's signature: (source, options, path=...)
 
 
 def clean_env() -> dict[str, str]:
@@ -99,13 +100,11 @@ class Run:
         return found or next((ln for ln in reversed(lines) if ln.strip()), f"exit {self.code}")
 
 
-def _load(out: Path, ranks: int) -> list[dict[str, Any]]:
-    records = []
-    for rank in range(ranks):
-        path = out / f"rank{rank}.pt"
-        if path.exists():
-            records.append(torch.load(path, weights_only=True))
-    return records
+def _load(out: Path) -> list[dict[str, Any]]:
+    """The records the run's ranks left, by rank: a one-process run that launches a notebook's
+    training leaves one per launched worker."""
+    paths = sorted(out.glob("rank*.pt"), key=lambda path: int(path.stem.removeprefix("rank")))
+    return [torch.load(path, weights_only=True) for path in paths]
 
 
 class Zygote:
@@ -141,7 +140,7 @@ class Zygote:
         if first_failed is not None and ranks > 1:  # the failing rank's traceback first
             stderr = (out / f"stderr{first_failed}.txt").read_text() + stderr
         code = next((c for c in codes if c != 0), 0)
-        return Run(code, answer["timed_out"], stdout, stderr, _load(out, ranks))
+        return Run(code, answer["timed_out"], stdout, stderr, _load(out))
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -188,7 +187,7 @@ class Runner:
                 return self._zygote().run(script, cwd, out, timeout, ranks=1)
             env = {**clean_env(), "ORACLE_OUT": str(out)}
             command = [sys.executable, str(PROBE), str(script)]
-            return Run(*_subprocess(command, cwd, env, timeout), _load(out, 1))
+            return Run(*_subprocess(command, cwd, env, timeout), _load(out))
 
     def two(self, source: str, name: str, timeout: float = 300, *, fork_two: bool = False) -> Run:
         """Run ``source`` on two processes with the probe on each rank: with
@@ -199,7 +198,7 @@ class Runner:
             command = [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(PROBE),
                        str(script)]  # fmt: skip
             env = {**clean_env(), "ORACLE_OUT": str(out)}
-            return Run(*_subprocess(command, cwd, env, timeout), _load(out, 2))
+            return Run(*_subprocess(command, cwd, env, timeout), _load(out))
 
 
 @contextlib.contextmanager
@@ -260,7 +259,7 @@ def _notes(result: Result) -> tuple[str, ...]:
     )
 
 
-def _compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, str]:
+def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, str]:
     """How two one-process records differ, as (kind, detail); ('', '') when losses and weights
     are bit-identical. The kind names the shape of the difference without its numbers, so that
     different bugs make different kinds of failure."""
@@ -310,18 +309,25 @@ def _sharding(original: dict[str, Any], ranks: list[dict[str, Any]]) -> str:
     return ""
 
 
-def convert_both(source: str, name: str) -> dict[str, Result]:
-    return {t: convert(source, Options(target=t), path=f"{name}.py") for t in TARGETS}
+def convert_both(source: str, name: str, converter: Converter = convert) -> dict[str, Result]:
+    return {t: converter(source, Options(target=t), path=f"{name}.py") for t in TARGETS}
 
 
 def judge(
-    source: str, name: str, runner: Runner, *, stop_after: str = "", fork_two: bool = False
+    source: str,
+    name: str,
+    runner: Runner,
+    *,
+    stop_after: str = "",
+    fork_two: bool = False,
+    converter: Converter = convert,
 ) -> Verdict:
     """The verdict for one script (see the module docstring). The shrinker's shortcuts:
     ``stop_after="1p"`` ends it once the one-process checks pass, ``fork_two`` runs the
-    two-process check with the zygote's forked ranks instead of accel-run."""
+    two-process check with the zygote's forked ranks instead of accel-run. ``converter`` stands
+    in for ``convert`` (the notebook oracle converts the script as a notebook's cells)."""
     try:
-        results = convert_both(source, name)
+        results = convert_both(source, name, converter)
     except SourceError as err:  # the output did not parse: the input always does
         return Verdict(WRONG, "convert", str(err), str(err))
     except Exception as err:  # convert() may raise SourceError only: anything else is a crash
@@ -334,7 +340,7 @@ def judge(
 
     for target, result in results.items():
         try:
-            again = convert(result.code, Options(target=target), path=f"{name}.py")
+            again = converter(result.code, Options(target=target), path=f"{name}.py")
         except Exception as err:
             detail = traceback.format_exc()[-1500:]
             return verdict(WRONG, f"idempotent-{target}", detail, _exception(err))
@@ -366,24 +372,32 @@ def judge(
         return verdict(CONVERTED)
 
     run = runner.two(results["accelify"].code, f"{name}_accelify", fork_two=fork_two)
+    decided = two_rank_verdict(original, run, notes, "2p")
+    if decided:
+        return verdict(*decided)
+    return verdict(WITH_NOTES if results["accelify"].manual else CONVERTED)
+
+
+def two_rank_verdict(
+    original: Run, run: Run, notes: tuple[str, ...], check: str
+) -> tuple[str, str, str, str] | None:
+    """What a two-rank ``run`` of a conversion decides against the one-process ``original``, as
+    (category, failed check named after ``check``, detail, exception line): WRONG, or PARTIAL
+    when the report says no DataLoader feeds the loop; None when it passes."""
     if run.code != 0 or len(run.records) != 2:
-        return verdict(WRONG, "2p-exit", run.tail(), run.error())
+        return WRONG, f"{check}-exit", run.tail(), run.error()
     a, b = (r["weights"] for r in run.records)
     if len(a) != len(b) or not all(torch.equal(x, y) for x, y in zip(a, b, strict=True)):
-        return verdict(WRONG, "2p-ranks-differ", "the two ranks ended with different weights")
+        return WRONG, f"{check}-ranks-differ", "the two ranks ended with different weights", ""
     if any(text in note for note in notes for text in NO_LOADER_REPORT):
-        return verdict(PARTIAL, "", "reported: no DataLoader to shard")
+        return PARTIAL, "", "reported: no DataLoader to shard", ""
     if not _train_fetches(original.records[0]):
-        return verdict(
-            WRONG,
-            "2p-unsharded",
-            "no DataLoader feeds the training loop, so both "
-            "ranks train on all the data, and the report does not say so",
-        )
+        why = "no DataLoader feeds the training loop, so both ranks train on all the data, and "
+        return WRONG, f"{check}-unsharded", why + "the report does not say so", ""
     why = _sharding(original.records[0], run.records)
     if why:
-        return verdict(WRONG, "2p-sharding", why)
-    return verdict(WITH_NOTES if results["accelify"].manual else CONVERTED)
+        return WRONG, f"{check}-sharding", why, ""
+    return None
 
 
 def _one_process(code: str, name: str, original: Run, runner: Runner) -> tuple[str, str, str]:
@@ -391,7 +405,7 @@ def _one_process(code: str, name: str, original: Run, runner: Runner) -> tuple[s
     run = runner.one(code, name)
     if run.code != 0 or not run.records:
         return "exit", run.tail(), run.error()
-    kind, detail = _compare(original.records[0], run.records[0])
+    kind, detail = compare(original.records[0], run.records[0])
     return ("match", detail, kind) if kind else ("", "", "")
 
 

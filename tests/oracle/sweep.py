@@ -78,15 +78,22 @@ def parallel(jobs: int, fn: Callable, items: list) -> dict:
         return dict(zip(items, pool.map(fn, items), strict=True))
 
 
-def judge_selected(items: list, test: str, param: str, source: Callable[[object], str]) -> dict:
+def judge_selected(
+    items: list,
+    test: str,
+    param: str,
+    source: Callable[[object], str],
+    verdict: Callable[[str, str, Runner], object] = judge,
+) -> dict:
     """The verdict of every script that the session's selected ``test`` items name by ``param``,
-    judged once, two at a time: what each slow oracle test module's fixture hands its tests."""
+    judged once (by ``verdict``, runner.judge unless a module has its own), two at a time: what
+    each slow oracle test module's fixture hands its tests."""
     selected = [
         item.callspec.params[param] for item in items if getattr(item, "originalname", "") == test
     ]
     runner = Runner()
     try:
-        return parallel(2, lambda key: judge(source(key), f"sample_{key}", runner), selected)
+        return parallel(2, lambda key: verdict(source(key), f"sample_{key}", runner), selected)
     finally:
         runner.close()
 
