@@ -111,7 +111,7 @@ def _one_device(plan: Plan, bindings: list[Binding]) -> None:
         value = cst.Attribute(value, cst.Name("type"))
     code = a.module.code_for_node(value)
     holder = _holder(plan, first)
-    chain = device_chain(a, first) if holder is not None else None
+    chain = device_chain(a, first)  # also outside the accelerator's block (a factory's)
     if chain is not None:
         assign = plan.statement(f"{key} = {code}\n")
         plan.edits.replace(
