@@ -217,3 +217,19 @@ def test_python_parses_from_two_threads_at_once() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_every_python_parse_of_the_tools_and_the_oracle_goes_through_the_lock() -> None:
+    """The lock above only helps if nothing parses beside it: the tools and the oracle (which
+    judges from two threads) call ``sources.python_ast``, never ``ast.parse``."""
+    root = Path(__file__).parents[1]
+    folders = ("transform", "rules", "tests/oracle")
+    direct = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in folders
+        for path in sorted((root / folder).rglob("*.py"))
+        if path.name != "sources.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "ast.parse(" in line
+    ]
+    assert direct == []

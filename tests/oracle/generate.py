@@ -32,6 +32,8 @@ from idioms import (
     indent,
 )
 
+from accelify.transform.sources import python_ast
+
 Choice = dict[str, str]
 
 
@@ -247,7 +249,7 @@ PARAM_ORDER = tuple(_PARAMS.split())
 
 def free_names(body: Lines) -> list[str]:
     """Names ``body`` reads that it does not bind: the parameters a function around it needs."""
-    tree = ast.parse("\n".join(["def f():", *indent(body)]))
+    tree = python_ast("\n".join(["def f():", *indent(body)]))
     stored, loaded = set(), []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -468,7 +470,7 @@ class Pieces:
 
 def _bound(lines: Lines) -> list[str]:
     """The shared names ``lines`` bind (the objects a Trainer keeps), in the catalogue's order."""
-    tree = ast.parse("\n".join(["def f():", *indent(lines)]))
+    tree = python_ast("\n".join(["def f():", *indent(lines)]))
     stored = {
         n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
     }

@@ -1,12 +1,13 @@
 """Notebooks made from scripts, for the notebook tests and the notebook oracle: a script cut into
-cells, and the nbformat 4 JSON holding them. Standard library only, so that both test folders
-import it cheaply (tests/convert as ``..oracle.notebook_cells``, the oracle by its name)."""
+cells, and the nbformat 4 JSON holding them. Light imports, so that both test folders import it
+cheaply (tests/convert as ``..oracle.notebook_cells``, the oracle by its name)."""
 
 from __future__ import annotations
 
-import ast
 import itertools
 import json
+
+from accelify.transform.sources import python_ast
 
 
 def statement_cells(script: str) -> list[str]:
@@ -15,7 +16,7 @@ def statement_cells(script: str) -> list[str]:
     lines = script.splitlines(keepends=True)
     starts = [
         min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
-        for node in ast.parse(script).body
+        for node in python_ast(script).body  # the oracle cuts scripts from two threads
     ]
     bounds = [1, *starts[1:], len(lines) + 1]
     return ["".join(lines[a - 1 : b - 1]) for a, b in itertools.pairwise(bounds)]

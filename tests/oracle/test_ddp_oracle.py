@@ -23,6 +23,7 @@ from ddp_programs import (
 )
 
 from accelify.transform.convert import convert
+from accelify.transform.sources import python_ast
 
 # Every value of every axis, in four runs (no_sync is refused: nothing to run).
 SAMPLE = [
@@ -36,7 +37,7 @@ SAMPLE = [{**choice, "accumulate": "none"} for choice in SAMPLE]
 
 def _main_of(code: str) -> str:
     """The converted ``main()`` function's source."""
-    tree = ast.parse(code)
+    tree = python_ast(code)
     return next(
         ast.unparse(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"
     )

@@ -5,7 +5,6 @@ that reproduces it."""
 
 from __future__ import annotations
 
-import ast
 import json
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from notebooks import (
 from runner import REFUSED, Verdict
 
 from accelify.transform.convert import Options, convert
+from accelify.transform.sources import python_ast
 
 SAMPLE = sample()
 
@@ -46,7 +46,7 @@ def test_sample_covers_the_layouts_with_notebooks_of_their_statements() -> None:
         book = json.loads(text)
         assert book["nbformat"] == 4
         assert {cell["cell_type"] for cell in book["cells"]} == {"code"}
-        assert len(code_cells(text)) == len(ast.parse(_script(index)).body)
+        assert len(code_cells(text)) == len(python_ast(_script(index)).body)
         assert joined(text) == _script(index)
 
 
