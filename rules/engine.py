@@ -101,10 +101,11 @@ def parse(text: str) -> cst.Module:
         raise SyntaxError(err.message, ("", err.raw_line, err.raw_column, "")) from None
 
 
-def run_rules(module: cst.Module, rules: Sequence[type[Rule]]) -> list[Report]:
-    """One traversal of ``module`` with the facts visitor and an instance of each rule."""
+def run_rules(module: cst.Module, rules: Sequence[type[Rule]], source: str) -> list[Report]:
+    """One traversal of ``module`` (parsed from ``source``) with the facts visitor and an instance
+    of each rule."""
     reports: list[Report] = []
-    facts = Facts()
+    facts = Facts(source)
     dispatcher = _Dispatcher([facts, *(rule(facts, reports) for rule in rules)])
     walk(module, dispatcher, fields=dispatcher.with_fields)
     return reports
@@ -217,7 +218,7 @@ def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
     if not rules or not is_relevant(text):
         return []
     module = parse(text)
-    reports = run_rules(module, rules)
+    reports = run_rules(module, rules, text)
     if not reports:
         return []
     findings = []
@@ -278,7 +279,7 @@ def fix(text: str, rules: Sequence[type[Rule]], unsafe: bool = False) -> tuple[s
         module = parse(text)
         wanted = [
             r
-            for r in run_rules(module, rules)
+            for r in run_rules(module, rules, text)
             if r.new is not None and (r.safe or unsafe) and _key(module, r) not in blocked
         ]
         if not wanted:

@@ -279,7 +279,8 @@ def _exits(block: cst.BaseSuite) -> bool:
 class Facts:
     """The facts visitor; the engine calls its handlers around every rule's."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: str) -> None:
+        self.source = source  # the text the tree was parsed from
         self.accelerators: dict[str, cst.Call] = {}
         self.roles: dict[str, Role] = {}
         self.prepared_anywhere: set[str] = set()  # argument names passed to any prepare call

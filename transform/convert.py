@@ -115,10 +115,11 @@ def convert(source: str, options: Options | None = None, path: str = "<string>")
         raise too_deep(path, source) from None
 
 
-def refusals(module: cst.Module) -> tuple[Note, ...]:
-    """The notes a default conversion of ``module`` gives, each with its node in ``module`` where
-    it has one: what accel-lint reads to report the training the converter leaves alone."""
-    distributed = dedistribute(module, module.code)
+def refusals(module: cst.Module, source: str) -> tuple[Note, ...]:
+    """The notes a default conversion of ``module`` (parsed from ``source``) gives, each with its
+    node in ``module`` where it has one: what accel-lint reads to report the training the
+    converter leaves alone."""
+    distributed = dedistribute(module, source)
     if distributed is None:
         return tuple(plan_conversion(module, Options()).notes)
     return distributed.notes if distributed.module is None else ()

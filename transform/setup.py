@@ -364,7 +364,7 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                     f"cannot tell which model {b.key} trains (its parameters come from an "
                     "expression accel-convert does not read)",
                 )
-        models.extend(sorted(held, key=lambda k: _first_line(a, scope, k)))
+        models.extend(sorted(held, key=lambda k: _first_bound(a, scope, k)))
     for key in models:
         if key == "self":
             raise Refused(optimizers[0].node, _trains_itself(a, setup, optimizers[0]))
@@ -410,9 +410,10 @@ def _bound_here(a: Analysis, scope: Scope, key: str) -> bool:
     return key in scope.params or any(b.scope is scope and b.key == key for b in a.bindings)
 
 
-def _first_line(a: Analysis, scope: Scope, key: str) -> int:
-    lines = [a.line(b.node) for b in a.bindings if b.scope is scope and b.key == key]
-    return min(lines, default=0)
+def _first_bound(a: Analysis, scope: Scope, key: str) -> int:
+    """Where ``key`` is first bound in ``scope``, in source order (the analysis records bindings
+    as it reads them): the order models are prepared in, with no line numbers to compute."""
+    return next((i for i, b in enumerate(a.bindings) if b.scope is scope and b.key == key), -1)
 
 
 def _loaders(a: Analysis, setup: Setup) -> list[str]:
@@ -447,7 +448,7 @@ def _loaders(a: Analysis, setup: Setup) -> list[str]:
             if not any(_in(a, node, n) for n, _r in setup.unsharded):
                 setup.unsharded.append((node, "no DataLoader feeds this training step"))
     setup.loaders = set(prepared)
-    return sorted(prepared, key=lambda k: _first_line(a, setup.scope, k))
+    return sorted(prepared, key=lambda k: _first_bound(a, setup.scope, k))
 
 
 def _fed(a: Analysis, setup: Setup, node: cst.CSTNode, loaders: set[str], seen: set[int]) -> bool:

@@ -111,7 +111,7 @@ class UnconvertedTraining(Rule):
         # The converter loads only for files that get this far (start-up of every lint run).
         from accelify.transform.convert import refusals
 
-        for note in refusals(node):
+        for note in refusals(node, self.facts.source):
             if note.code == _CODE and note.node is not None:
                 self._report(note.node, note.message)
 
