@@ -48,7 +48,11 @@ class SourceError(Exception):
 # CPython before 3.12 keeps the AST builder's recursion depth in interpreter-wide state: two
 # threads building ASTs at once fail with "SystemError: AST constructor recursion depth
 # mismatch" (python/cpython#106905). Library users convert from threads; one at a time is cheap.
+# Parses outside this module (3.11's traceback formatting parses the failing line to place its
+# carets) cannot take the lock: a parse they spoil is run again, as the state resets each time.
 _AST_LOCK = threading.Lock()
+_SPOILED = "AST constructor recursion depth mismatch"
+_ATTEMPTS = 5
 
 
 def python_ast(text: str, path: str = "<unknown>") -> ast.Module:
@@ -56,6 +60,12 @@ def python_ast(text: str, path: str = "<unknown>") -> ast.Module:
     import ast  # only here: the tools' start-up does not pay for it
 
     with _AST_LOCK:
+        for _ in range(_ATTEMPTS - 1):
+            try:
+                return ast.parse(text, path)
+            except SystemError as err:
+                if _SPOILED not in str(err):
+                    raise
         return ast.parse(text, path)
 
 
