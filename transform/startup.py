@@ -1,5 +1,5 @@
-"""The entry points of accel-convert and accel-lint, which start in about half the time when the
-methods that ``dataclasses`` generates are compiled once per machine instead of on every run.
+"""The entry points of accel-convert and accel-lint, which start ~0.08 s sooner (of ~0.35 s) when
+the methods that ``dataclasses`` generates are compiled once per machine, not on every run.
 
 Importing libcst builds ~200 frozen dataclasses, and ``dataclasses`` compiles ~1000 generated
 methods from source text each time: ~0.13 s of the tools' ~0.4 s start-up. A code object depends
@@ -18,11 +18,12 @@ import importlib.util
 import marshal
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import CodeType
+
+from accelify.transform.sources import SourceError, write_atomic
 
 
 def cache_file() -> Path:
@@ -45,11 +46,8 @@ def _store(path: Path, codes: dict[str, CodeType]) -> None:
     """Written whole or not at all: another tool starting at the same time reads either file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".dataclass-methods.")
-        with os.fdopen(fd, "wb") as stream:
-            marshal.dump(codes, stream)
-        os.replace(temp, path)
-    except OSError:
+        write_atomic(str(path), marshal.dumps(codes))
+    except (OSError, SourceError):
         return
 
 
