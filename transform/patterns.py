@@ -69,6 +69,29 @@ ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
 # (function) -> packages it comes from: it changes the file or folder its arguments name, so
 # every process doing it at once writes one file N times, or races (one removes what another
 # just removed). Methods by their name alone: ``fig.savefig(...)``, ``df.to_csv(...)``.
+# A value or action the single-process script gets from the accelerator. The rewrites of
+# hand-written DDP write ``__accelify_<what>__`` in the intermediate script; their resolve step
+# turns it into ``accelerator.<what>`` where the accelerator is reachable, or
+# ``PartialState().<what>``.
+PREFIX = "__accelify_"
+# Names that read which process this is, or how many there are: code that reads one may split
+# or seed its data per process itself (nanoGPT's ``torch.manual_seed(1337 + ddp_rank)``).
+RANK_NAMES = frozenset(
+    {
+        "process_index",
+        "local_process_index",
+        "num_processes",
+        "split_between_processes",
+        "split_dataset_by_node",
+        "split_by_node",
+        "DistributedSampler",
+        "rank",
+        "local_rank",
+        "get_rank",
+        "world_size",
+        "get_world_size",
+    }
+)
 DISK_WRITERS = {
     "save_image": ("torchvision",),
     "save": ("numpy",),

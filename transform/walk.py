@@ -152,3 +152,25 @@ def _handler(
             found = None
         cache[visitor, kind] = found
         return found
+
+
+def nodes(root: cst.CSTNode, kind: type[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    """Every node of type ``kind`` under ``root``, in source order."""
+    found: list[cst.CSTNode] = []
+    walk(root, _Collect(kind, found))
+    return iter(found)
+
+
+class _Collect(Visitor):
+    def __init__(self, kind: type[cst.CSTNode], found: list[cst.CSTNode]) -> None:
+        super().__init__()
+        self.kind = kind
+        self.found = found
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, self.kind):
+            self.found.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        return None

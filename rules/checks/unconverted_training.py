@@ -18,7 +18,7 @@ class UnconvertedTraining(Rule):
     ## What it does
     Runs accel-convert's own analysis on a script whose training calls `loss.backward()` itself,
     and reports every place it would leave unchanged, with its reason: distribution it does not
-    rewrite (FSDP, tensor parallel, RPC, `no_sync()` accumulation), an optimizer built only on
+    rewrite (FSDP, tensor parallel, RPC, `ZeroRedundancyOptimizer`), an optimizer built only on
     some paths, a model that comes in as a parameter, ... In a script that has an `Accelerator`,
     only a training function that never sees one is reported (a second, forgotten setup).
 

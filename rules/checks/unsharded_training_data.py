@@ -7,25 +7,7 @@ import libcst as cst
 from accelify.rules.facts import Facts, prepare_call
 from accelify.rules.prepared import is_loader
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import Role
-
-# Names of code that shards data by hand: a script that reads them is left alone.
-_SHARDING = frozenset(
-    {
-        "process_index",
-        "local_process_index",
-        "num_processes",
-        "split_between_processes",
-        "split_dataset_by_node",
-        "split_by_node",
-        "DistributedSampler",
-        "rank",
-        "local_rank",
-        "get_rank",
-        "world_size",
-        "get_world_size",
-    }
-)
+from accelify.transform.patterns import RANK_NAMES, Role
 
 
 class UnshardedTrainingData(Rule):
@@ -121,7 +103,7 @@ class UnshardedTrainingData(Rule):
             self._prepares_loader |= any(is_loader(self.facts, a.value) for a in node.args)
 
     def visit_Name(self, node: cst.Name) -> None:
-        self._shards |= node.value in _SHARDING
+        self._shards |= node.value in RANK_NAMES
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self._trains or self._prepares_loader or self._shards:

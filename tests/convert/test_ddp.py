@@ -99,8 +99,33 @@ def test_environment_read_as_a_string_keeps_its_type() -> None:
             (LOADER, "    sampler = DistributedSampler(data, drop_last=True)\n", MODEL, TRAIN),
             "drop_last",
         ),
+        (
+            (
+                LOADER,
+                MODEL,
+                "    bare = torch.nn.Linear(4, 1)\n    with bare.no_sync():\n        pass\n",
+                TRAIN,
+            ),
+            "of a model it did not wrap",
+        ),
+        (
+            (LOADER, MODEL, TRAIN, "    sync = model.no_sync\n"),
+            "other than as `with model.no_sync():`",
+        ),
+        (
+            (LOADER, MODEL, TRAIN, "    print(model.require_backward_grad_sync)\n"),
+            "reads require_backward_grad_sync",
+        ),
     ],
-    ids=["ddp-process-group", "all-reduce-max", "untraced-module", "sampler-drop-last"],
+    ids=[
+        "ddp-process-group",
+        "all-reduce-max",
+        "untraced-module",
+        "sampler-drop-last",
+        "no-sync-of-another-model",
+        "no-sync-not-entered",
+        "sync-switch-read",
+    ],
 )
 def test_what_cannot_be_mapped_leaves_the_file_unchanged(parts: tuple[str, ...], why: str) -> None:
     assert why in _refusal(_convert(*parts))
@@ -121,3 +146,19 @@ def test_processes_that_train_apart_are_not_turned_into_ddp() -> None:
     synchronise them, a different program."""
     result = _convert(LOADER, "    model = torch.nn.Linear(4, 1)\n", TRAIN)
     assert "hand-written distribution" in _refusal(result)
+
+
+def test_sync_the_script_schedules_keeps_its_schedule() -> None:
+    """``no_sync()`` -> ``accelerator.no_sync(model)``; the switch stays on the prepared model
+    (not its unwrapped module, where DDP would never read it)."""
+    step = (
+        "    for i, (x, y) in enumerate(loader):\n"
+        "        model.require_backward_grad_sync = i % 2 == 1\n"
+        "        with model.no_sync():\n"
+        "            torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "        optimizer.step()\n"
+    )
+    optimizer = "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    code = _convert(LOADER, MODEL, optimizer, step).code
+    assert "with accelerator.no_sync(model):\n" in code
+    assert "        model.require_backward_grad_sync = i % 2 == 1\n" in code

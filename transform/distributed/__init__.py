@@ -4,9 +4,10 @@ stay rank-aware; the conversion then makes that an Accelerate script.
 Each module here is one rewrite, with its cases in its docstring: :mod:`.refuse` (what is never
 converted), :mod:`.switch` (``ddp = "RANK" in os.environ`` paths), :mod:`.spawn` (``mp.spawn``),
 :mod:`.ranks` (rank reads and guards), :mod:`.process_group`, :mod:`.wrapper` (``DDP(...)``,
-``.module``), :mod:`.sampler` (``DistributedSampler``), :mod:`.collectives` (``all_reduce``,
-``barrier``). Values that come from the accelerator are written as placeholders, which
-:mod:`.resolve` (a step of the conversion) places once it knows where the accelerator lives.
+``.module``), :mod:`.sync` (``no_sync()``), :mod:`.sampler` (``DistributedSampler``),
+:mod:`.collectives` (``all_reduce``, ``barrier``). Values that come from the accelerator are
+written as placeholders, which :mod:`.resolve` (a step of the conversion) places once it knows
+where the accelerator lives.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from accelify.transform.distributed.resolve import resolver
 from accelify.transform.distributed.sampler import drop_samplers
 from accelify.transform.distributed.spawn import unspawn
 from accelify.transform.distributed.switch import collapse_switches
+from accelify.transform.distributed.sync import keep_sync_toggles
 from accelify.transform.distributed.wrapper import unwrap_ddp
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
@@ -46,6 +48,7 @@ _REWRITES: tuple[Callable[[Rewrite], None], ...] = (
     rank_uses,
     drop_process_group,
     unwrap_ddp,
+    keep_sync_toggles,
     drop_samplers,
     collectives,
 )
@@ -105,14 +108,31 @@ def _wraps_ddp(a: Analysis) -> bool:
 
 
 def _line_map(original: str, intermediate: str) -> list[int]:
-    """For each line of the intermediate script, the original line it comes from (a new line:
-    the original line it replaced, or the one before it)."""
+    """For each line of the intermediate script, the original line it comes from: the same
+    line, the same line re-indented (a branch's body without its ``if``), a line that assigned
+    the same target, or else the original line it replaced (or the one before it)."""
     old, new = original.splitlines(), intermediate.splitlines()
     out = [0] * max(len(new), 1)
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(
         None, old, new, autojunk=False
     ).get_opcodes():
+        replaced = [line.strip() for line in old[i1:i2]]
+        targets = [_target(line) for line in replaced]
         for j in range(j1, j2):
-            i = i1 + (j - j1) if tag == "equal" else min(i1 + (j - j1), max(i2 - 1, i1))
+            line = new[j].strip()
+            if tag == "equal":
+                i = i1 + (j - j1)
+            elif line and line in replaced:
+                i = i1 + replaced.index(line)
+            elif _target(line) is not None and _target(line) in targets:
+                i = i1 + targets.index(_target(line))
+            else:
+                i = min(i1 + (j - j1), max(i2 - 1, i1))
             out[j] = min(i, max(len(old) - 1, 0)) + 1
     return out
+
+
+def _target(line: str) -> str | None:
+    """What a stripped line of code assigns (``x`` of ``x = ...``), else None."""
+    target, equals, _value = line.partition(" = ")
+    return target if equals and target.isidentifier() else None

@@ -7,21 +7,15 @@ steps do), so the report's lines are the user's and one traversal applies all of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.edits import Edits
+from accelify.transform.patterns import PREFIX
 from accelify.transform.plan import Note
 from accelify.transform.setup import Refused
-from accelify.transform.walk import Visitor, walk
-
-# A value or action the single-process script gets from the accelerator. The rewrites write
-# ``__accelify_<what>__`` in the intermediate script; :mod:`.resolve` turns it into
-# ``accelerator.<what>`` where the accelerator is reachable, or ``PartialState().<what>``.
-PREFIX = "__accelify_"
 
 
 def placeholder(what: str) -> cst.Name:
@@ -47,6 +41,8 @@ class Rewrite:
     # (id of the scope's node or its class, key) -> the placeholder its value now comes from.
     ranks: dict[tuple[int, str], str] = field(default_factory=dict)
     dropped: list[cst.CSTNode] = field(default_factory=list)  # branches only a 1-process run took
+    # (owner, key) of every name or ``self.`` attribute a DistributedDataParallel was bound to.
+    wrapped: set[tuple[int, str]] = field(default_factory=set)
 
     def changed(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message))
@@ -83,24 +79,10 @@ class Rewrite:
         scope = self.analysis.scope_of.get(id(expr))
         return self.ranks.get((self.owner(scope, key), key)) if scope is not None else None
 
-
-def nodes(root: cst.CSTNode, kind: type[cst.CSTNode]) -> Iterator[cst.CSTNode]:
-    """Every node of type ``kind`` under ``root``, in source order."""
-    found: list[cst.CSTNode] = []
-    walk(root, _Collect(kind, found))
-    return iter(found)
-
-
-class _Collect(Visitor):
-    def __init__(self, kind: type[cst.CSTNode], found: list[cst.CSTNode]) -> None:
-        super().__init__()
-        self.kind = kind
-        self.found = found
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, self.kind):
-            self.found.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        return None
+    def is_wrapped(self, expr: cst.BaseExpression) -> bool:
+        """Whether a name or ``self.`` attribute holds a model the script wrapped in DDP."""
+        key = key_of(expr)
+        scope = self.analysis.scope_of.get(id(expr))
+        if key is None or scope is None:
+            return False
+        return (self.owner(scope, key), key) in self.wrapped

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.distributed.context import nodes
 from accelify.transform.edits import Edits, apply
 from accelify.transform.names import collect_names
+from accelify.transform.walk import nodes
 
 _DISTRIBUTING = (
     "torch.distributed",

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.distributed.context import Rewrite, nodes, placeholder
+from accelify.transform.distributed.context import Rewrite, placeholder
 from accelify.transform.distributed.ranks import environment_variable
 from accelify.transform.patterns import dotted_name
+from accelify.transform.walk import nodes
 
 _LAUNCHER_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 

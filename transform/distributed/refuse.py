@@ -3,17 +3,11 @@
 Sharded models (FSDP, ``fully_shard``), device meshes, tensor and pipeline parallelism and RPC
 are not data parallelism: the accelerator would train a different program. (Hogwild training,
 worker processes sharing one model, is the file verdict's to refuse: it has no DDP.)
-Gradient-sync toggling (``no_sync()``, ``require_backward_grad_sync``) is refused too:
-``accumulate()`` could replace it, but only where the script's own schedule of synced steps can
-be proven the same.
 """
 
 from __future__ import annotations
 
-import libcst as cst
-
-from accelify.transform.distributed.context import Rewrite, nodes
-from accelify.transform.patterns import dotted_name
+from accelify.transform.distributed.context import Rewrite
 
 # Packages whose import alone means a kind of parallelism other than data parallelism.
 _PACKAGES = {
@@ -37,11 +31,6 @@ _CALLS = {
     "ZeroRedundancyOptimizer": "shards the optimizer (ZeroRedundancyOptimizer)",
     "new_group": "trains over its own process groups",
 }
-# Attribute uses that toggle DistributedDataParallel's gradient sync by hand.
-_SYNC_TOGGLES = {
-    "no_sync": "skips gradient sync with no_sync()",
-    "require_backward_grad_sync": "toggles gradient sync (require_backward_grad_sync)",
-}
 
 
 def refuse_other_parallelism(r: Rewrite) -> None:
@@ -55,10 +44,6 @@ def refuse_other_parallelism(r: Rewrite) -> None:
         last = names.last_part(call.func)
         if last in _CALLS and names.refers_to(call.func, ("torch",), last):
             raise r.refuse(call, _why(_CALLS[last]))  # type: ignore[index]
-    for attribute in nodes(r.analysis.module, cst.Attribute):
-        why = _SYNC_TOGGLES.get(attribute.attr.value)  # type: ignore[attr-defined]
-        if why is not None and dotted_name(attribute) is not None:
-            raise r.refuse(attribute, f"{why}; convert it to accelerator.accumulate() by hand")
 
 
 def _why(what: str) -> str:

@@ -17,9 +17,11 @@ from collections.abc import Callable
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
-from accelify.transform.distributed.context import nodes, placeholder_of
+from accelify.transform.distributed.context import placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, origins
+from accelify.transform.steps.unwrap import SYNC_TOGGLE
+from accelify.transform.walk import nodes
 
 # Placeholders read as attributes of the accelerator (or of PartialState, which has them too).
 _ATTRIBUTES = frozenset(
@@ -45,6 +47,9 @@ def resolver(ddp_options: dict[str, cst.BaseExpression]) -> Callable[[Plan], Non
             what = placeholder_of(name)
             if what is not None:
                 _resolve(plan, name, what)  # type: ignore[arg-type]
+        for attribute in nodes(plan.analysis.module, cst.Attribute):
+            if attribute.attr.value == SYNC_TOGGLE:  # type: ignore[attr-defined]
+                _no_second_schedule(plan, attribute, SYNC_TOGGLE)
         _ddp_options(plan, ddp_options)
         _no_waits_under_conditions(plan)
 
@@ -63,9 +68,11 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
             plan.remove(a.statement_of(call))
         else:
             plan.edits.replace(name, cst.Attribute(accelerator, cst.Name("end_training")))
-    elif what == "reduce" and call is not None:
+    elif what in {"reduce", "no_sync"} and call is not None:
+        if what == "no_sync":
+            _no_second_schedule(plan, name, "no_sync()")
         accelerator = plan.accelerator(name)
-        plan.edits.replace(name, cst.Attribute(accelerator, cst.Name("reduce")))  # type: ignore[arg-type]
+        plan.edits.replace(name, cst.Attribute(accelerator, cst.Name(what)))  # type: ignore[arg-type]
     elif what == "set_epoch" and call is not None:
         _set_epoch(plan, call)
     elif what == "sharded" and call is not None:
@@ -73,6 +80,17 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
         plan.edits.replace(call, call.args[0].value)
     else:
         raise Refused(name, f"cannot place {what} here")
+
+
+def _no_second_schedule(plan: Plan, node: cst.CSTNode, what: str) -> None:
+    """Refuse a script's own sync schedule where the conversion adds accumulation."""
+    flag = plan.options.gradient_accumulation_steps
+    if "gradient_accumulation_steps" in plan.accelerator_kwargs or (flag or 1) > 1:
+        raise Refused(
+            node,
+            f"the script schedules gradient sync itself ({what}); accumulate() would add "
+            "a second schedule around it",
+        )
 
 
 def _state(plan: Plan, node: cst.CSTNode) -> cst.BaseExpression:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.distributed.context import Rewrite, nodes
+from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import ENVIRONMENT, environment_variable
 from accelify.transform.edits import comments_in
+from accelify.transform.walk import nodes
 
 
 def collapse_switches(r: Rewrite) -> None:

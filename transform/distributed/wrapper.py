@@ -14,7 +14,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Scope, key_of, unwrap_moves
-from accelify.transform.distributed.context import Rewrite, nodes
+from accelify.transform.distributed.context import Rewrite
+from accelify.transform.walk import nodes
 
 # Options DistributedDataParallelKwargs takes, as DistributedDataParallel does.
 CARRIED = frozenset(
@@ -32,7 +33,6 @@ _PLACEMENT = frozenset({"device_ids", "output_device"})
 
 def unwrap_ddp(r: Rewrite) -> None:
     a = r.analysis
-    wrapped: set[tuple[int, str]] = set()
     for call, scope in a.calls:
         if a.names.last_part(call.func) != "DistributedDataParallel" or not a.names.refers_to(
             call.func, ("torch",), "DistributedDataParallel"
@@ -43,7 +43,7 @@ def unwrap_ddp(r: Rewrite) -> None:
         line = a.parent(parent) if isinstance(parent, cst.Assign) else None
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
         if target is not None and key_of(target) is not None:
-            wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
+            r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
         same = target is not None and _already(r, scope, target, model)
         if same and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             r.remove(line)
@@ -53,10 +53,7 @@ def unwrap_ddp(r: Rewrite) -> None:
     for attribute in nodes(a.module, cst.Attribute):
         if attribute.attr.value != "module":  # type: ignore[attr-defined]
             continue
-        inner = attribute.value  # type: ignore[attr-defined]
-        key = key_of(inner)
-        scope = a.scope_of.get(id(attribute))
-        if key is None or scope is None or (r.owner(scope, key), key) not in wrapped:
+        if not r.is_wrapped(attribute.value):  # type: ignore[attr-defined]
             raise r.refuse(attribute, "reads .module of a model the conversion cannot follow")
         r.edits.replace(attribute, lambda node: node.value)  # type: ignore[attr-defined]
 

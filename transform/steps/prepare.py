@@ -13,9 +13,10 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
-from accelify.transform.patterns import Role, dotted_name
+from accelify.transform.patterns import PREFIX, RANK_NAMES, Role, dotted_name
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
+from accelify.transform.walk import nodes
 
 # Wrap the call like black would past this width (the guide's own example is wrapped).
 LINE_LENGTH = 88
@@ -58,13 +59,30 @@ def prepare(plan: Plan) -> None:
         )
     if setup.partly_trained:
         _unused_parameters(plan, sorted(setup.partly_trained))
+    by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
     for node, reason in setup.unsharded:
+        if by_rank:  # as accel-lint's ACL211, which stays quiet there
+            plan.info(
+                node,
+                f"{reason}: every process draws from all the data, and the script reads which "
+                "process it is, so it may split or seed its data per process itself (kept)",
+            )
+            continue
         plan.needs_human(
             node,
             f"{reason}, so every process trains on all the data; iterate a DataLoader and "
             "prepare() it to shard the data",
         )
     _epoch_schedulers(plan)
+
+
+def _reads_rank(a: Analysis) -> bool:
+    """Whether the script reads which process it is (in a rewritten DDP script, through a
+    placeholder such as ``__accelify_process_index__``)."""
+    return any(
+        name.value.removeprefix(PREFIX).removesuffix("__") in RANK_NAMES
+        for name in nodes(a.module, cst.Name)
+    )
 
 
 def _unused_parameters(plan: Plan, models: list[str]) -> None:

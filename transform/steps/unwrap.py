@@ -30,6 +30,8 @@ MODULE_API = frozenset(
         "__call__",
     }
 )  # fmt: skip
+# DistributedDataParallel's own switch, set on the wrapper itself (nanoGPT's micro-steps).
+SYNC_TOGGLE = "require_backward_grad_sync"
 # Not the model's computation: fine from inside the training step too.
 _BOOKKEEPING = frozenset({"state_dict", "load_state_dict"})
 
@@ -42,7 +44,9 @@ def unwrap(plan: Plan) -> None:
     models = set(setup.models(a))
     for node, scope in a.attributes:
         key = key_of(node.value)
-        if key is None or node.attr.value in MODULE_API or scope not in plan.training:
+        if key is None or node.attr.value in MODULE_API | {SYNC_TOGGLE}:
+            continue
+        if scope not in plan.training:
             continue
         found = origins(a, setup.scope, scope, key)
         if not found or not found <= models or not setup.timeline.after(setup.prepare_at, node):
