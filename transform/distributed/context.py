@@ -40,6 +40,8 @@ class Rewrite:
     ddp_options: dict[str, cst.BaseExpression] = field(default_factory=dict)
     # (id of the scope's node or its class, key) -> the placeholder its value now comes from.
     ranks: dict[tuple[int, str], str] = field(default_factory=dict)
+    # id of a rank read no call spells (``args.local_rank``) -> what it now reads.
+    rank_reads: dict[int, str] = field(default_factory=dict)
     dropped: list[cst.CSTNode] = field(default_factory=list)  # branches only a 1-process run took
     # (owner, key) of every name or ``self.`` attribute a DistributedDataParallel was bound to.
     wrapped: set[tuple[int, str]] = field(default_factory=set)

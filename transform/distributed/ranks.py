@@ -26,6 +26,8 @@ ENVIRONMENT = {
 }
 _QUERIES = {"get_rank": "process_index", "get_world_size": "num_processes"}
 _MAIN = {"process_index": "is_main_process", "local_process_index": "is_local_main_process"}
+# The option torch.distributed.launch passes each process (its spelling since torch 2.0, too).
+_LAUNCH_OPTIONS = frozenset({"--local_rank", "--local-rank"})
 
 
 def environment_variable(names: Names, expr: cst.BaseExpression) -> str | None:
@@ -73,6 +75,14 @@ def rank_sources(r: Rewrite) -> None:
             continue
         r.edits.replace(node, placeholder(what))
         r.changed(node, f"{r.analysis.module.code_for_node(node)} -> the accelerator's {what}")
+    for node in _launch_option_reads(r):
+        r.rank_reads[id(node)] = "local_process_index"
+        r.edits.replace(node, placeholder("local_process_index"))
+        r.changed(
+            node,
+            f"{r.analysis.module.code_for_node(node)} -> the accelerator's "
+            "local_process_index (accel-run passes no --local_rank)",
+        )
     grouped = _bindings(r)
     for _copies in range(3):  # ``local_rank = rank``, ``Trainer(gpu_id=rank)`` hold it too
         for key, bindings in grouped.items():
@@ -80,6 +90,28 @@ def rank_sources(r: Rewrite) -> None:
             if len(kinds) == 1 and None not in kinds:
                 r.ranks[key] = kinds.pop()  # type: ignore[assignment]
         _parameters(r)
+
+
+def _launch_option_reads(r: Rewrite) -> list[cst.Attribute]:
+    """``args.local_rank`` read (not assigned) in a script that declares ``--local_rank``."""
+    a = r.analysis
+    declared = any(
+        a.names.last_part(call.func) == "add_argument"
+        and any(
+            isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value in _LAUNCH_OPTIONS
+            for arg in call.args
+        )
+        for call, _scope in a.calls
+    )
+    if not declared:
+        return []
+    return [
+        node
+        for node in nodes(a.module, cst.Attribute)
+        if node.attr.value == "local_rank"  # type: ignore[attr-defined]
+        and isinstance(node.value, cst.Name)  # type: ignore[attr-defined]
+        and not isinstance(a.parent(node), cst.AssignTarget | cst.AugAssign)
+    ]
 
 
 def _parameters(r: Rewrite) -> None:
@@ -126,7 +158,7 @@ def rank_uses(r: Rewrite) -> None:
 
 def kind_of(r: Rewrite, expr: cst.BaseExpression) -> str | None:
     """What a rank read or a name holding one stands for."""
-    return source(r.analysis.names, expr) or r.rank_of(expr)
+    return r.rank_reads.get(id(expr)) or source(r.analysis.names, expr) or r.rank_of(expr)
 
 
 def _guard(r: Rewrite, comparison: cst.Comparison) -> None:
