@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, analyse, optimized_models
-from accelify.transform.distributed import PREFIX, Dedistributed, dedistribute
+from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.neighbours import fetching_imports
-from accelify.transform.patterns import Role
+from accelify.transform.patterns import PREFIX, Role
 from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep

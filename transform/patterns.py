@@ -66,9 +66,6 @@ ROLE_OF_CONSTRUCTOR: dict[str, Role] = {
     **dict.fromkeys(MODEL_FACTORIES, Role.MODEL),
 }
 
-# (function) -> packages it comes from: it changes the file or folder its arguments name, so
-# every process doing it at once writes one file N times, or races (one removes what another
-# just removed). Methods by their name alone: ``fig.savefig(...)``, ``df.to_csv(...)``.
 # A value or action the single-process script gets from the accelerator. The rewrites of
 # hand-written DDP write ``__accelify_<what>__`` in the intermediate script; their resolve step
 # turns it into ``accelerator.<what>`` where the accelerator is reachable, or
@@ -92,6 +89,10 @@ RANK_NAMES = frozenset(
         "get_world_size",
     }
 )
+
+# (function) -> packages it comes from: it changes the file or folder its arguments name, so
+# every process doing it at once writes one file N times, or races (one removes what another
+# just removed). Methods by their name alone: ``fig.savefig(...)``, ``df.to_csv(...)``.
 DISK_WRITERS = {
     "save_image": ("torchvision",),
     "save": ("numpy",),
@@ -113,6 +114,17 @@ _DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})
 _DEVICE_CALLS = frozenset(
     {"torch.device", "device", "torch.accelerator.current_accelerator", "current_accelerator"}
 )
+
+
+def placeholder(what: str) -> cst.Name:
+    return cst.Name(f"{PREFIX}{what}__")
+
+
+def placeholder_of(node: cst.CSTNode) -> str | None:
+    """``what`` for a placeholder name, else None."""
+    if isinstance(node, cst.Name) and node.value.startswith(PREFIX) and node.value.endswith("__"):
+        return node.value[len(PREFIX) : -2]
+    return None
 
 
 def is_device(expr: cst.BaseExpression, *, by_name: bool = True) -> bool:

@@ -20,7 +20,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, analyse
 from accelify.transform.distributed.collectives import collectives
-from accelify.transform.distributed.context import PREFIX, Rewrite
+from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.imports import drop_unused_imports
 from accelify.transform.distributed.process_group import drop_process_group
 from accelify.transform.distributed.ranks import rank_sources, rank_uses
@@ -36,7 +36,7 @@ from accelify.transform.gate import file_verdict
 from accelify.transform.plan import Note, Step
 from accelify.transform.setup import Refused
 
-__all__ = ["PREFIX", "Dedistributed", "dedistribute"]
+__all__ = ["Dedistributed", "dedistribute"]
 
 # After refuse_other_parallelism, in the order they run: spawn's rank parameters and the
 # switch's dropped branches are known

@@ -11,7 +11,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import key_of
-from accelify.transform.distributed.context import Rewrite, placeholder
+from accelify.transform.distributed.context import Rewrite
+from accelify.transform.patterns import placeholder
 
 _OPS = {"SUM": "sum", "AVG": "mean"}
 

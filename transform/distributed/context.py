@@ -13,20 +13,8 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.edits import Edits
-from accelify.transform.patterns import PREFIX
 from accelify.transform.plan import Note
 from accelify.transform.setup import Refused
-
-
-def placeholder(what: str) -> cst.Name:
-    return cst.Name(f"{PREFIX}{what}__")
-
-
-def placeholder_of(node: cst.CSTNode) -> str | None:
-    """``what`` for a placeholder name, else None."""
-    if isinstance(node, cst.Name) and node.value.startswith(PREFIX) and node.value.endswith("__"):
-        return node.value[len(PREFIX) : -2]
-    return None
 
 
 @dataclass
@@ -48,6 +36,9 @@ class Rewrite:
 
     def changed(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message))
+
+    def info(self, node: cst.CSTNode, message: str) -> None:
+        self.notes.append(Note(self.analysis.line(node), message, info=True))
 
     def refuse(self, node: cst.CSTNode, why: str) -> Refused:
         return Refused(node, why)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.distributed.context import Rewrite, placeholder
+from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import environment_variable
-from accelify.transform.patterns import dotted_name
+from accelify.transform.patterns import dotted_name, placeholder
 from accelify.transform.walk import nodes
 
 _LAUNCHER_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})

@@ -14,9 +14,9 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Binding
-from accelify.transform.distributed.context import Rewrite, placeholder
+from accelify.transform.distributed.context import Rewrite
 from accelify.transform.names import Names
-from accelify.transform.patterns import dotted_name, keyword_arg
+from accelify.transform.patterns import dotted_name, keyword_arg, placeholder
 from accelify.transform.walk import nodes
 
 ENVIRONMENT = {

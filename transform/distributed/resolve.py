@@ -17,7 +17,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
-from accelify.transform.distributed.context import placeholder_of
+from accelify.transform.patterns import placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, origins
 from accelify.transform.steps.unwrap import SYNC_TOGGLE
@@ -47,9 +47,10 @@ def resolver(ddp_options: dict[str, cst.BaseExpression]) -> Callable[[Plan], Non
             what = placeholder_of(name)
             if what is not None:
                 _resolve(plan, name, what)  # type: ignore[arg-type]
-        for attribute in nodes(plan.analysis.module, cst.Attribute):
-            if attribute.attr.value == SYNC_TOGGLE:  # type: ignore[attr-defined]
-                _no_second_schedule(plan, attribute, SYNC_TOGGLE)
+        if _accumulates(plan):
+            for attribute in nodes(plan.analysis.module, cst.Attribute):
+                if attribute.attr.value == SYNC_TOGGLE:  # type: ignore[attr-defined]
+                    raise _second_schedule(attribute, SYNC_TOGGLE)
         _ddp_options(plan, ddp_options)
         _no_waits_under_conditions(plan)
 
@@ -69,8 +70,8 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
         else:
             plan.edits.replace(name, cst.Attribute(accelerator, cst.Name("end_training")))
     elif what in {"reduce", "no_sync"} and call is not None:
-        if what == "no_sync":
-            _no_second_schedule(plan, name, "no_sync()")
+        if what == "no_sync" and _accumulates(plan):
+            raise _second_schedule(name, "no_sync()")
         accelerator = plan.accelerator(name)
         plan.edits.replace(name, cst.Attribute(accelerator, cst.Name(what)))  # type: ignore[arg-type]
     elif what == "set_epoch" and call is not None:
@@ -82,15 +83,18 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
         raise Refused(name, f"cannot place {what} here")
 
 
-def _no_second_schedule(plan: Plan, node: cst.CSTNode, what: str) -> None:
-    """Refuse a script's own sync schedule where the conversion adds accumulation."""
+def _accumulates(plan: Plan) -> bool:
+    """Whether the conversion adds gradient accumulation (the script's or the flag's)."""
     flag = plan.options.gradient_accumulation_steps
-    if "gradient_accumulation_steps" in plan.accelerator_kwargs or (flag or 1) > 1:
-        raise Refused(
-            node,
-            f"the script schedules gradient sync itself ({what}); accumulate() would add "
-            "a second schedule around it",
-        )
+    return "gradient_accumulation_steps" in plan.accelerator_kwargs or (flag or 1) > 1
+
+
+def _second_schedule(node: cst.CSTNode, what: str) -> Refused:
+    return Refused(
+        node,
+        f"the script schedules gradient sync itself ({what}); accumulate() would add a second "
+        "schedule around it",
+    )
 
 
 def _state(plan: Plan, node: cst.CSTNode) -> cst.BaseExpression:

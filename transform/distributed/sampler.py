@@ -13,9 +13,9 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, key_of
-from accelify.transform.distributed.context import Rewrite, placeholder
+from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import kind_of
-from accelify.transform.patterns import keyword_arg
+from accelify.transform.patterns import keyword_arg, placeholder
 from accelify.transform.walk import nodes
 
 # The sampler's arguments that only say which shard: the prepared loader knows them.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.distributed.context import Rewrite, placeholder
-from accelify.transform.patterns import dotted_name, keyword_arg
+from accelify.transform.distributed.context import Rewrite
+from accelify.transform.patterns import dotted_name, keyword_arg, placeholder
 
 
 def unspawn(r: Rewrite) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis
-from accelify.transform.distributed.context import Rewrite, placeholder
-from accelify.transform.plan import Note
+from accelify.transform.distributed.context import Rewrite
+from accelify.transform.patterns import placeholder
 from accelify.transform.steps.unwrap import SYNC_TOGGLE
 from accelify.transform.walk import nodes
 
@@ -34,13 +34,10 @@ def keep_sync_toggles(r: Rewrite) -> None:
         if what == SYNC_TOGGLE:
             if not _assigned(a, attribute):
                 raise r.refuse(attribute, f"reads {SYNC_TOGGLE}; convert it by hand")
-            r.notes.append(
-                Note(
-                    a.line(attribute),
-                    f"kept {SYNC_TOGGLE}: it switches the prepared DDP model's gradient sync as "
-                    "it did (on one process nothing reads it)",
-                    info=True,
-                )
+            r.info(
+                attribute,
+                f"kept {SYNC_TOGGLE}: it switches the prepared DDP model's gradient sync as it "
+                "did (on one process nothing reads it)",
             )
             continue
         if not (isinstance(parent, cst.Call) and not parent.args and _entered(a, parent)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
-from accelify.transform.patterns import PREFIX, RANK_NAMES, Role, dotted_name
+from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
 from accelify.transform.walk import nodes
@@ -80,7 +80,7 @@ def _reads_rank(a: Analysis) -> bool:
     """Whether the script reads which process it is (in a rewritten DDP script, through a
     placeholder such as ``__accelify_process_index__``)."""
     return any(
-        name.value.removeprefix(PREFIX).removesuffix("__") in RANK_NAMES
+        (placeholder_of(name) or name.value) in RANK_NAMES  # type: ignore[arg-type]
         for name in nodes(a.module, cst.Name)
     )
 
