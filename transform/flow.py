@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
-from accelify.transform.patterns import target_names
+from accelify.transform.patterns import dotted_name, target_names
 
 Block = cst.Module | cst.IndentedBlock
 
@@ -99,8 +99,8 @@ class Timeline:
     # where code runs ----------------------------------------------------------------------
     def anchors(self, node: cst.CSTNode) -> list[cst.CSTNode] | None:
         """Nodes of the setup scope through which ``node`` runs: itself, or the calls that reach
-        its function. ``[]`` means after the whole scope (other methods of a setup's class);
-        None means never from the setup, or from nowhere we can see."""
+        its function. ``[]`` means after the whole scope (other methods of a setup's class but
+        ``__init__``); None means never from the setup, or from nowhere we can see."""
         scope = self.a.scope_of.get(id(node))
         if scope is self.scope:
             return [node]
@@ -110,7 +110,8 @@ class Timeline:
         if entries:
             return entries
         if self.scope.cls is not None and scope.cls is self.scope.cls:
-            return []
+            # __init__ runs before any other method of its instance: never after the setup.
+            return None if scope.name == "__init__" else []
         return None
 
     def after(self, point: Point, node: cst.CSTNode) -> bool:
@@ -185,7 +186,8 @@ class Timeline:
 
 
 def assigns(statement: cst.CSTNode, key: str) -> bool:
-    """Whether running ``statement`` always binds ``key``."""
+    """Whether running ``statement`` always binds ``key``, or never goes on past it (a branch
+    that raises or exits reaches no later point, so it leaves nothing unbound there)."""
     if isinstance(statement, cst.SimpleStatementLine):
         return any(_small_assigns(small, key) for small in statement.body)
     if isinstance(statement, cst.If):
@@ -202,7 +204,14 @@ def assigns(statement: cst.CSTNode, key: str) -> bool:
     return False
 
 
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
 def _small_assigns(small: cst.BaseSmallStatement, key: str) -> bool:
+    if isinstance(small, cst.Raise | cst.Return):
+        return True
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return dotted_name(small.value.func) in _EXITS
     if isinstance(small, cst.Assign):
         return any(key in set(target_names(t.target)) for t in small.targets)
     if isinstance(small, cst.AnnAssign):
