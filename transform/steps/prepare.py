@@ -14,6 +14,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
 from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
+from accelify.transform.participation import partly_used
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
 from accelify.transform.walk import nodes
@@ -57,8 +58,9 @@ def prepare(plan: Plan) -> None:
             f"{key} comes from {setup.factory_calls[key]}, which this file does not show: "
             "prepare() shards it if it is a torch DataLoader",
         )
-    if setup.partly_trained:
-        _unused_parameters(plan, sorted(setup.partly_trained))
+    discarded = partly_used(plan.analysis, setup)
+    if setup.partly_trained or discarded:
+        _unused_parameters(plan, sorted(setup.partly_trained), discarded)
     by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
     for node, reason in setup.unsharded:
         if by_rank:  # as accel-lint's ACL211, which stays quiet there
@@ -85,17 +87,26 @@ def _reads_rank(a: Analysis) -> bool:
     )
 
 
-def _unused_parameters(plan: Plan, models: list[str]) -> None:
-    """The optimizer trains part of a model (``encoder.fc.parameters()``): its other parameters
-    may get no gradient, which DistributedDataParallel stops on unless it is told to expect it."""
+def _unused_parameters(plan: Plan, models: list[str], discarded: dict[str, cst.Call]) -> None:
+    """The optimizer trains part of a model (``encoder.fc.parameters()``), or a training step
+    discards some of a model's outputs (``validity, _ = D(x)``): some parameters may get no
+    gradient, which DistributedDataParallel stops on unless it is told to expect it."""
     handler = cst.parse_expression("[DistributedDataParallelKwargs(find_unused_parameters=True)]")
     plan.accelerator_kwargs["kwargs_handlers"] = handler
     plan.imports.add("DistributedDataParallelKwargs")
-    plan.changed(
-        plan.setup.prepared[0].node,  # type: ignore[union-attr]
-        f"the optimizer trains part of {', '.join(models)}: DistributedDataParallel is told to "
-        "expect parameters without gradients (find_unused_parameters=True)",
-    )
+    expect = "DistributedDataParallel is told to expect parameters without gradients"
+    if models:
+        plan.changed(
+            plan.setup.prepared[0].node,  # type: ignore[union-attr]
+            f"the optimizer trains part of {', '.join(models)}: {expect} "
+            "(find_unused_parameters=True)",
+        )
+    for model, call in discarded.items():
+        plan.changed(
+            call,
+            f"this step discards some of {model}'s outputs, so parameters that only feed them "
+            f"get no gradient here: {expect} (find_unused_parameters=True)",
+        )
 
 
 def _epoch_schedulers(plan: Plan) -> None:

@@ -1,0 +1,358 @@
+"""Every process runs the same training steps, or the setup is refused.
+
+On several processes each ``accelerator.backward()`` ends in an all-reduce that every process
+must join. A loop, a branch or an early exit around the training step decided by a value that
+processes compute apart (a loss or a batch of the process's own shard, a clock, the process's
+rank, a random draw or an environment the script does not seed) can send one process out of the
+loop while the others wait for it: gloo fails with "Connection closed by peer", NCCL hangs.
+
+Values known to be equal on every process: constants, arguments and configuration, loop counters
+over them, the lengths of prepared loaders (Accelerate evens their batches), values that every
+process computes from the same data with the same weights (an evaluation over an unprepared
+loader, tensors sliced by hand), random draws and environments when the script seeds them with
+one seed, and anything passed through ``accelerator.reduce``/``gather``. What reads a process's
+own shard, its rank or a clock is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis, Scope, key_of, loop_iterable, returns
+from accelify.transform.patterns import RANK_NAMES, callee_name, dotted_name, target_names
+from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused, Setup
+from accelify.transform.walk import Visitor, children, nodes, walk
+
+# Calls whose result every process shares: the collectives, under any of their names.
+_SHARED = frozenset(
+    {"reduce", "gather", "gather_for_metrics", "all_reduce", "all_gather", "broadcast",
+     "pad_across_processes"}
+)  # fmt: skip
+_CLOCKS = frozenset(
+    {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "datetime.datetime.now",
+     "datetime.now"}
+)  # fmt: skip
+_RANDOM_MODULES = ("random.", "numpy.random.", "np.random.")
+_RANDOM_TORCH = frozenset(
+    {"rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "normal", "rand_like",
+     "randn_like", "randint_like"}
+)  # fmt: skip
+_SEEDS = frozenset({"manual_seed", "seed", "set_seed", "manual_seed_all"})
+_RANK_ATTRIBUTES = frozenset(
+    {"process_index", "local_process_index", "is_main_process", "is_local_main_process"}
+)
+_SHAPES = frozenset({"shape", "size", "numel", "dim", "ndim", "ndimension"})
+_RANK = "the process's rank"
+_MUTATORS = frozenset({"append", "extend", "add", "update", "insert", "appendleft"})
+_STEP_DRAWS = frozenset({"step", "reset", "sample", "rsample"})  # env.step(a), dist.sample()
+
+
+@dataclass
+class Values:
+    """What the lockstep step knows of one script's values while it spreads them."""
+
+    seeded: bool
+    # (owner, key) -> what makes the value differ between processes
+    taint: dict[tuple[int, str], str] = field(default_factory=dict)
+    _loop_bound: dict[int, set[str]] = field(default_factory=dict)
+
+    def loop_bound(self, scope: Scope) -> set[str]:
+        """Names a ``for`` of ``scope`` binds (the analysis records assignments, not these)."""
+        found = self._loop_bound.get(id(scope.node))
+        if found is None:
+            found = self._loop_bound[id(scope.node)] = {
+                key
+                for node in _statements(scope)
+                if isinstance(node, cst.For)
+                for key in target_names(node.target)
+            }
+        return found
+
+
+def lockstep(plan: Plan) -> None:
+    setup = plan.setup
+    if setup is None or setup.prepare_at is None:
+        return
+    a = plan.analysis
+    v = _spread(a, setup, Values(_seeded(a)))
+    for call, scope, _loop in a.backward_calls:
+        if scope not in setup.reach:
+            continue
+        for node in _runs_through(a, setup, call):
+            for control, test in _controls(a, node):
+                why = _reads(a, a.scope_of[id(test)], test, v)
+                if why is not None:
+                    raise Refused(control, _reason(a, control, test, why))
+
+
+def _reason(a: Analysis, control: cst.CSTNode, test: cst.CSTNode, why: str) -> str:
+    code = a.module.code_for_node(test).strip()
+    code = code if len(code) <= 40 else code[:37] + "..."
+    what = {
+        cst.While: "this loop goes on",
+        cst.For: "how often this loop runs",
+    }.get(type(control), "this branch runs")  # type: ignore[arg-type]
+    return (
+        f"whether {what} ({code}) depends on {why}, which differs between processes: one "
+        "process could leave the training step while the others wait for it in the gradient "
+        "all-reduce (a hang); make the decision from a value every process shares (e.g. "
+        "accelerator.reduce it first) and convert by hand"
+    )
+
+
+# where the training step can be skipped or left ----------------------------------------------
+def _runs_through(a: Analysis, setup: Setup, node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and every call of the setup's functions through which it runs."""
+    found = [node]
+    todo = [a.scope_of[id(node)]]
+    seen = set(todo)
+    while todo:
+        scope = todo.pop()
+        for call, where in a.calls:
+            if where in setup.reach and a.callee(call) is scope:
+                found.append(call)
+                if where not in seen:
+                    seen.add(where)
+                    todo.append(where)
+    return found
+
+
+def _controls(a: Analysis, node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+    """(statement, the expression deciding it) for every ``if``/``while``/``for`` around
+    ``node`` in its function, and for every conditional ``break``/``continue``/``return`` of
+    the loops around it."""
+    current: cst.CSTNode | None = node
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        parent = a.parent(current)
+        if isinstance(parent, cst.If) and current is not parent.test:
+            yield parent, parent.test
+        elif isinstance(parent, cst.While) and current is not parent.test:
+            yield parent, parent.test
+            yield from _exits(a, parent)
+        elif isinstance(parent, cst.For) and current is not parent.iter:
+            yield parent, parent.iter
+            yield from _exits(a, parent)
+        current = parent
+
+
+def _exits(a: Analysis, loop: cst.For | cst.While) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+    for leave in _leaving(loop):
+        current = a.parent(leave)
+        while current is not None and current is not loop:
+            if isinstance(current, cst.If):
+                yield current, current.test
+            current = a.parent(current)
+
+
+def _leaving(loop: cst.For | cst.While) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _Leaves(Visitor):
+        def visit_Break(self, node: cst.Break) -> None:
+            found.append(node)
+
+        def visit_Continue(self, node: cst.Continue) -> None:
+            found.append(node)
+
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(loop.body, _Leaves())
+    return found
+
+
+# which values differ between processes -------------------------------------------------------
+def _seeded(a: Analysis) -> bool:
+    """Whether the script seeds its random streams with a value equal on every process."""
+    for call, _scope in a.calls:
+        if callee_name(call) in _SEEDS and call.args:
+            names = {n.value for n in nodes(call, cst.Name)}
+            if not names & RANK_NAMES and "process_index" not in names:
+                return True
+    return False
+
+
+def _spread(a: Analysis, setup: Setup, v: Values) -> Values:
+    """Names (per function, ``self.x`` per class) holding values that differ between processes,
+    to a fixpoint over assignments, loops, mutations, calls and returns."""
+    loaders = set(setup.loaders)
+    scopes = [s for s in a.scopes if s in setup.reach]
+    for _ in range(6):
+        before = len(v.taint)
+        for scope in scopes:
+            _spread_in(a, scope, v, loaders)
+        if len(v.taint) == before:
+            break
+    return v
+
+
+def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
+    def mark(key: str, why: str) -> None:
+        if a.role(scope, key) is None:  # a loader or a model is one object, not a value
+            v.taint.setdefault((a.owner(scope, key), key), why)
+
+    for node in _statements(scope):
+        if isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign) and node.value:
+            why = _reads(a, scope, node.value, v)
+            if why is not None:
+                targets = (
+                    [t.target for t in node.targets]
+                    if isinstance(node, cst.Assign)
+                    else [node.target]
+                )
+                for target in targets:
+                    for key in target_names(target):
+                        mark(key, why)
+        elif isinstance(node, cst.For):
+            for key, why in _loop_targets(a, scope, node, v, loaders):
+                mark(key, why)
+        elif isinstance(node, cst.Call) and callee_name(node) in _MUTATORS:
+            receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+            key = key_of(receiver) if receiver is not None else None
+            why = next(
+                (w for arg in node.args if (w := _reads(a, scope, arg.value, v))),
+                None,
+            )
+            if key is not None and why is not None:
+                mark(key, why)
+        elif isinstance(node, cst.Call) and (callee := a.callee(node)) is not None:
+            params = callee.params[1:] if callee.cls is not None else callee.params
+            for i, arg in enumerate(node.args):
+                why = _reads(a, scope, arg.value, v)
+                name = arg.keyword.value if arg.keyword else params[i] if i < len(params) else None
+                if why is not None and name is not None:
+                    v.taint.setdefault((a.owner(callee, name), name), why)
+
+
+def _loop_targets(
+    a: Analysis, scope: Scope, loop: cst.For, v: Values, loaders: set[str]
+) -> Iterator[tuple[str, str]]:
+    target = loop.target
+    iterable = loop.iter
+    if (
+        isinstance(iterable, cst.Call)
+        and callee_name(iterable) == "enumerate"
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+    ):
+        target = target.elements[1].value  # the index is a counter, equal everywhere
+    walked = loop_iterable(iterable)
+    if key_of(walked) in loaders:
+        why: str | None = "this process's own batch (its shard of the prepared loader)"
+    else:
+        why = _reads(a, scope, iterable, v)
+    if why is not None:
+        for key in target_names(target):
+            yield key, why
+
+
+def _statements(scope: Scope) -> list[cst.CSTNode]:
+    """The assignments, loops and calls of ``scope`` itself, in source order."""
+    found: list[cst.CSTNode] = []
+
+    class _Facts(Visitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            found.append(node)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            found.append(node)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            found.append(node)
+
+        def visit_For(self, node: cst.For) -> None:
+            found.append(node)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is scope.node
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    walk(scope.node, _Facts())
+    return found
+
+
+def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
+    """What makes ``expr`` differ between processes, or None when it is equal on all."""
+    if _is_shape(expr):  # a random tensor's or an evened batch's size is equal everywhere
+        inner = _reads(a, scope, _shaped(expr), v)
+        return inner if inner in (_RANK, "the clock") else None
+    if isinstance(expr, cst.Call):
+        name = callee_name(expr)
+        if name in _SHARED:
+            return None
+        why = _source(a, expr, v.seeded)
+        if why is not None:
+            return why
+        callee = a.callee(expr)
+        if callee is not None:
+            for ret in returns(callee):
+                if ret.value is not None and (w := _reads(a, callee, ret.value, v)) is not None:
+                    return w
+    key = key_of(expr) if isinstance(expr, cst.BaseExpression) else None
+    if key is not None:
+        found = v.taint.get((a.owner(scope, key), key))
+        if found is None and a.reads_global(scope, key) and key not in v.loop_bound(scope):
+            found = v.taint.get((a.owner(a.scopes[0], key), key))
+        if found is not None:
+            return found
+        if key in RANK_NAMES:
+            return _RANK
+        if isinstance(expr, cst.Name) or key.startswith("self."):
+            return None
+    if isinstance(expr, cst.Attribute) and expr.attr.value in _RANK_ATTRIBUTES:
+        return _RANK
+    if isinstance(expr, cst.Lambda | cst.FunctionDef):
+        return None
+    for child in children(expr):
+        why = _reads(a, scope, child, v)
+        if why is not None:
+            return why
+    return None
+
+
+def _is_shape(expr: cst.CSTNode) -> bool:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value in _SHAPES
+    if isinstance(expr, cst.Call):
+        if callee_name(expr) == "len" and isinstance(expr.func, cst.Name):
+            return len(expr.args) == 1
+        return isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SHAPES
+    return False
+
+
+def _shaped(expr: cst.Attribute | cst.Call) -> cst.CSTNode:
+    """What a shape read measures: ``x`` of ``len(x)``, ``x.size(0)``, ``x.shape``."""
+    if isinstance(expr, cst.Attribute):
+        return expr.value
+    if isinstance(expr.func, cst.Name):
+        return expr.args[0].value
+    return expr.func.value  # type: ignore[attr-defined]
+
+
+def _source(a: Analysis, call: cst.Call, seeded: bool) -> str | None:
+    dotted = a.names.qualify(call.func) or dotted_name(call.func) or ""
+    if dotted in _CLOCKS:
+        return "the clock"
+    if seeded:
+        return None
+    if dotted.startswith(_RANDOM_MODULES) or (
+        dotted.startswith("torch.") and dotted.rsplit(".", 1)[-1] in _RANDOM_TORCH
+    ):
+        return "a random draw the script does not seed"
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in _STEP_DRAWS:
+        receiver = key_of(call.func.value)
+        if receiver is not None and a.role(a.scope_of[id(call)], receiver) is None:
+            return f"what {receiver}.{call.func.attr.value}() draws, unseeded"
+    return None

@@ -1,0 +1,448 @@
+"""Every use of every object ``prepare()`` wraps is accounted for, or the setup is refused.
+
+``prepare()`` hands back new objects (on several processes a DistributedDataParallel wrapper and
+a sharded loader) and the conversion rebinds them to the names the setup built them under. Any
+other path to an object still holds what it held when it was made: ``net = model`` or
+``nets = [g, d]`` taken before ``prepare()`` keep the bare module, so a step through them trains
+without gradient synchronisation; handed to code this file does not show (a privacy engine,
+``torch.compile``, another module's helper), an object may be kept, wrapped or trained there.
+This step follows every reference of a prepared object: through the setup's names, the same-file
+functions and ``self`` attributes the analysis links, and plain aliases, whose own uses must fit
+what they hold (the bare module is never run by the training step; the wrapper is only asked for
+what it answers itself). Any other use refuses the whole setup, naming the line and the use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.patterns import PREFIX, Role, callee_name, constructor_role, dotted_name
+from accelify.transform.plan import Plan
+from accelify.transform.setup import Refused, Setup, in_training_step, origins
+from accelify.transform.steps.unwrap import MODULE_API
+from accelify.transform.walk import Visitor, walk
+
+# Calls that only look at what they are handed, whatever its role.
+_READERS = frozenset(
+    {"print", "len", "str", "repr", "format", "isinstance", "type", "id", "hasattr", "callable"}
+)
+# Logging methods (``logger.info(model)``): they format what they are handed.
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "log", "exception"})
+# Calls that walk a loader (or its batches) and keep nothing of it.
+_LOADER_READERS = frozenset({"enumerate", "iter", "next", "zip", "tqdm", "trange", "cycle", "list"})
+# What may be handed the bare module before prepare(): they read its parameters, or copy it (an
+# EMA or a teacher is a separate module), and prepare() keeps those same parameters.
+_BARE_MODEL_READERS = frozenset(
+    {
+        "deepcopy", "summary", "watch", "add_graph", "ModelEma", "ModelEmaV2", "ModelEmaV3",
+        "EMA", "EMAModel", "AveragedModel",
+    }
+)  # fmt: skip
+# GradScaler's and the save step's calls that take an optimizer or a model as they are.
+_STEPPERS = frozenset({"step", "unscale_", "save"})
+# Wrappers that take the objects over, each with why prepare() cannot go on top of them.
+_PRIVACY = (
+    "the privacy engine owns the model, optimizer and loader (per-sample gradients, clipping, "
+    "noise and its own sampling loader); prepare() on top would shard the data and average the "
+    "gradients underneath it, which its privacy accounting does not know of (opacus has its "
+    "own DPDDP for several processes)"
+)
+_OWNERS = {
+    "make_private": _PRIVACY,
+    "make_private_with_epsilon": _PRIVACY,
+    "initialize": "apex/DeepSpeed's initialize owns the model and optimizer (its own loss "
+    "scaling and wrapping), which prepare() would wrap again",
+    "compile": "torch.compile returns a compiled wrapper that the training step runs, and "
+    "accel-convert does not model how prepare() wraps it (compile through the accelerator, or "
+    "after prepare(), by hand)",
+    "DataParallel": "nn.DataParallel replicates the module itself inside each process",
+}
+
+
+@dataclass(frozen=True)
+class _Use:
+    """One reference to a prepared object: ``node`` in ``scope``, holding ``key``'s object bare
+    (made before prepare()), prepared, or either (``bare`` is None)."""
+
+    node: cst.BaseExpression
+    scope: Scope
+    key: str
+    role: Role
+    bare: bool | None
+
+
+def uses(plan: Plan) -> None:
+    setup = plan.setup
+    if setup is None or setup.prepare_at is None:
+        return
+    a = plan.analysis
+    roles = {b.key: a.role(setup.scope, b.key) for b in setup.prepared}
+    for use in _references(a, setup, roles):  # type: ignore[arg-type]
+        why = _unaccounted(a, setup, use)
+        if why is not None:
+            raise Refused(why[0], why[1])
+
+
+# where the prepared objects are referred to ---------------------------------------------------
+def _references(a: Analysis, setup: Setup, roles: dict[str, Role]) -> Iterator[_Use]:
+    finder = _Loads()
+    walk(a.module, finder)
+    cache: dict[tuple[int, str], set[str]] = {}
+    for node in finder.found:
+        scope = a.scope_of.get(id(node))
+        key = key_of(node)
+        if scope is None or key is None:
+            continue
+        found = cache.get((id(scope), key))
+        if found is None:
+            found = cache[(id(scope), key)] = _origins(a, setup, scope, key) & roles.keys()
+        for origin in found:
+            if setup.current(a, origin, node):
+                yield _Use(node, scope, origin, roles[origin], _bare(setup, node))
+
+
+def _origins(a: Analysis, setup: Setup, scope: Scope, key: str) -> set[str]:
+    """The setup's names ``key`` stands for in ``scope``, closures of the setup included."""
+    found = origins(a, setup.scope, scope, key)
+    inner = scope
+    while not found and inner.parent is not None and not key.startswith("self."):
+        if key in inner.params or any(b.scope is inner and b.key == key for b in a.bindings):
+            break
+        inner = inner.parent
+        if inner is setup.scope:
+            found = {key}
+    return found
+
+
+def _bare(setup: Setup, node: cst.CSTNode) -> bool | None:
+    point = setup.prepare_at
+    assert point is not None
+    if setup.timeline.after(point, node):
+        return False
+    return True if setup.timeline.before(point, node) else None
+
+
+class _Loads(Visitor):
+    """Names and ``self.x`` attributes read as values (not bound, not attribute names, not
+    keywords), in source order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[cst.BaseExpression] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if key_of(node) is not None:  # self.x: the attribute is the reference
+            self.found.append(node)
+        else:  # a.b: only ``a`` can be one
+            walk(node.value, self)
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found.append(node)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        return _walk_target(node.target, self)
+
+    def visit_For(self, node: cst.For) -> bool:
+        _walk_target(node.target, self)
+        walk(node.iter, self)
+        walk(node.body, self)
+        if node.orelse is not None:
+            walk(node.orelse, self)
+        return False
+
+    def visit_CompFor(self, node: cst.CompFor) -> bool:
+        _walk_target(node.target, self)
+        walk(node.iter, self)
+        for cond in node.ifs:
+            walk(cond, self)
+        if node.inner_for_in is not None:
+            walk(node.inner_for_in, self)
+        return False
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> bool:
+        walk(node.value, self)
+        return False
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        if node.value is not None:
+            walk(node.value, self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        walk(node.value, self)
+        return False
+
+    def visit_AsName(self, node: cst.AsName) -> bool:
+        return False
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        if node.default is not None:
+            walk(node.default, self)
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        walk(node.params, self)
+        for decorator in node.decorators:
+            walk(decorator, self)
+        walk(node.body, self)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        walk(node.body, self)
+        return False
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Global(self, node: cst.Global) -> bool:
+        return False
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> bool:
+        return False
+
+
+def _walk_target(target: cst.BaseExpression, visitor: _Loads) -> bool:
+    """Reads inside an assignment target (``x[i] = ``, ``obj.attr = ``), not the names bound."""
+    if isinstance(target, cst.Tuple | cst.List):
+        for element in target.elements:
+            _walk_target(element.value, visitor)
+    elif isinstance(target, cst.StarredElement):
+        _walk_target(target.value, visitor)
+    elif isinstance(target, cst.Subscript):
+        walk(target, visitor)
+    elif isinstance(target, cst.Attribute) and key_of(target) is None:
+        walk(target.value, visitor)
+    return False
+
+
+# what each use does --------------------------------------------------------------------------
+def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str] | None:
+    """``(node, why)`` when ``use`` is not one the conversion keeps right, else None."""
+    node = _value_of(a, use.node)
+    parent = a.parent(node)
+    key = use.key
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        return None  # methods and attributes: the unwrap step sends the wrapper's to the module
+    if isinstance(parent, cst.Call) and parent.func is node:
+        if use.bare and in_training_step(a, node):
+            return node, f"the training step calls {key} before prepare() can wrap it"
+        return None
+    if isinstance(parent, cst.Arg):
+        return _handed(a, setup, use, parent)
+    if isinstance(parent, cst.Element | cst.DictElement | cst.StarredElement):
+        return _contained(a, setup, use, parent)
+    if isinstance(parent, cst.Assign) and parent.value is node:
+        return _aliased(a, setup, use, parent)
+    if isinstance(parent, cst.Return):
+        return parent, (
+            f"{key} is returned here: whoever called {use.scope.name}() would get the prepared "
+            f"{_noun(use.role)} (a wrapper on several processes), and its uses are not followed"
+        )
+    if isinstance(parent, cst.Subscript) and parent.value is node and use.role is Role.MODEL:
+        if use.bare:
+            return None
+        return parent, (
+            f"{key}[...] indexes the prepared model, which on several processes is a "
+            "DistributedDataParallel wrapper that cannot be indexed"
+        )
+    if isinstance(parent, cst.For | cst.CompFor) and parent.iter is node:
+        if use.role is Role.MODEL and not use.bare:
+            return parent, f"iterating {key} walks the wrapper prepare() returns, not the model"
+        return None
+    if isinstance(
+        parent,
+        cst.Comparison
+        | cst.ComparisonTarget
+        | cst.UnaryOperation
+        | cst.If
+        | cst.While
+        | cst.FormattedStringExpression
+        | cst.Del
+        | cst.Expr
+        | cst.AssignTarget
+        | cst.With
+        | cst.WithItem,
+    ):
+        return None
+    return node, f"{key} is used here in a way accel-convert does not follow"
+
+
+def _value_of(a: Analysis, node: cst.BaseExpression) -> cst.BaseExpression:
+    """``model`` in ``model if c else other`` or ``model or other`` stands for the whole."""
+    current = node
+    while isinstance(parent := a.parent(current), cst.IfExp | cst.BooleanOperation):
+        if isinstance(parent, cst.IfExp) and parent.test is current:
+            break
+        current = parent  # type: ignore[assignment]
+    return current
+
+
+def _noun(role: Role) -> str:
+    return {Role.MODEL: "model", Role.OPTIMIZER: "optimizer", Role.DATALOADER: "loader"}.get(
+        role, "scheduler"
+    )
+
+
+def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CSTNode, str] | None:
+    call = a.parent(arg)
+    assert isinstance(call, cst.Call)
+    name = dotted_name(call.func) or ""
+    last = a.names.last_part(call.func) or callee_name(call) or ""
+    head = name.split(".", 1)[0]
+    if head == "accelerator" or name.startswith((setup.accelerator, PREFIX)):
+        return None  # the accelerator's API, or the DDP rewrite's placeholder for it
+    if last in _OWNERS and (use.bare is not False or last != "compile"):
+        return call, f"{use.key} is handed to {name or last}(...): {_OWNERS[last]}"
+    if a.callee(call) is not None:
+        if _linked(a, call, arg):
+            return None
+        return call, (
+            f"{use.key} is handed to {name}(...) in a way its parameters do not show "
+            "(*args, **kwargs), so its uses there are not followed"
+        )
+    if constructor_role(call, a.names) in (Role.OPTIMIZER, Role.SCHEDULER):
+        return None
+    if last in _READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
+        return None
+    if use.role is Role.DATALOADER and last in _LOADER_READERS:
+        return None
+    if use.role is Role.MODEL and use.bare and last in _BARE_MODEL_READERS:
+        return None
+    if isinstance(call.func, cst.Attribute) and last in _STEPPERS:
+        return None
+    what = "bare" if use.bare else "prepared" if use.bare is False else ""
+    return call, (
+        f"{use.key} is handed to {name or 'a call'}(...), which this file does not show: what "
+        f"it does with the {what + ' ' if what else ''}{_noun(use.role)} (keep, wrap or train "
+        "it) cannot be checked"
+    )
+
+
+def _linked(a: Analysis, call: cst.Call, arg: cst.Arg) -> bool:
+    """Whether ``arg`` lands on a named parameter of the same-file function ``call`` runs."""
+    callee = a.callee(call)
+    if callee is None or arg.star:
+        return False
+    if arg.keyword is not None:
+        return arg.keyword.value in callee.params
+    params = callee.params
+    if callee.cls is not None and params and params[0] == "self":
+        params = params[1:]
+    return list(call.args).index(arg) < len(params)
+
+
+def _contained(
+    a: Analysis, setup: Setup, use: _Use, element: cst.CSTNode
+) -> tuple[cst.CSTNode, str] | None:
+    container = a.parent(element)
+    holder = a.parent(container) if container is not None else None
+    if (
+        isinstance(container, cst.Tuple)
+        and isinstance(holder, cst.Assign)
+        and holder.value is container
+        and len(holder.targets) == 1
+        and isinstance(target := holder.targets[0].target, cst.Tuple | cst.List)
+        and len(target.elements) == len(container.elements)
+        and not any(isinstance(e, cst.StarredElement) for e in container.elements)
+    ):  # ``a, b = model, optimizer``: each target is an alias of its own value
+        at = list(container.elements).index(element)  # type: ignore[arg-type]
+        return _aliased(a, setup, use, holder, target.elements[at].value)
+    if isinstance(holder, cst.Return):
+        return _unaccounted(a, setup, _Use(container, use.scope, use.key, use.role, use.bare))  # type: ignore[arg-type]
+    kind = type(container).__name__.lower() if container is not None else "container"
+    held = "bare" if use.bare else "prepared"
+    return container or element, (
+        f"{use.key} is put in a {kind} here, which keeps the {held} {_noun(use.role)}: uses "
+        "through it are not followed, so the conversion cannot show them right"
+    )
+
+
+def _aliased(
+    a: Analysis,
+    setup: Setup,
+    use: _Use,
+    assign: cst.Assign,
+    target: cst.BaseExpression | None = None,
+) -> tuple[cst.CSTNode, str] | None:
+    """``alias = key``: every use of ``alias`` must fit what it holds."""
+    target = assign.targets[0].target if target is None else target
+    alias = key_of(target)
+    if len(assign.targets) != 1 or alias is None:
+        return assign, (
+            f"{use.key} is stored here ({a.module.code_for_node(target).strip()}), where its "
+            "uses are not followed"
+        )
+    if alias == use.key:
+        return None
+    if alias.startswith("self."):
+        return None  # ``self.model = model``: the analysis follows the attribute
+    binds = [b for b in a.bindings if b.scope is use.scope and b.key == alias]
+    if len(binds) > 1 and use.bare is not True:
+        return assign, (
+            f"{alias} is bound more than once, here to {use.key}: which object its uses "
+            "hold is not followed"
+        )
+    for ref in _alias_reads(a, use.scope, alias):
+        why = _alias_use(a, use, alias, ref)
+        if why is not None:
+            return why
+    return None
+
+
+def _alias_reads(a: Analysis, scope: Scope, alias: str) -> Iterator[cst.BaseExpression]:
+    finder = _Loads()
+    walk(scope.node, finder)
+    for node in finder.found:
+        if a.scope_of.get(id(node)) is scope and key_of(node) == alias:
+            yield node
+
+
+def _alias_use(
+    a: Analysis, use: _Use, alias: str, ref: cst.BaseExpression
+) -> tuple[cst.CSTNode, str] | None:
+    node = _value_of(a, ref)
+    parent = a.parent(node)
+    made = "before" if use.bare else "after"
+    if use.role is not Role.MODEL:
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return None
+        if isinstance(parent, cst.For | cst.CompFor) and parent.iter is node:
+            return None
+        return node, (
+            f"{alias} is another name for {use.key}, made {made} prepare(), and is used here "
+            "where that name is not followed"
+        )
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        if use.bare or parent.attr.value in MODULE_API:
+            return None
+        return parent, (
+            f"{alias} = {use.key} holds the prepared model, a wrapper on several processes: "
+            f"{alias}.{parent.attr.value} is not one the wrapper answers"
+        )
+    if isinstance(parent, cst.Call) and parent.func is node:
+        if use.bare is False:
+            return None
+        return node, (
+            f"{alias} = {use.key} is made before prepare() and keeps the bare module: "
+            f"{alias}(...) would run it without the wrapper, so its gradients would not be "
+            "synchronised across processes"
+        )
+    if isinstance(parent, cst.Arg):
+        call = a.parent(parent)
+        last = a.names.last_part(call.func) if isinstance(call, cst.Call) else None
+        if last in _READERS or (use.bare and last in _BARE_MODEL_READERS):
+            return None
+    if isinstance(parent, cst.Comparison | cst.ComparisonTarget | cst.Expr | cst.Del):
+        return None
+    return node, (
+        f"{alias} is another name for {use.key}, made {made} prepare(), and is used here "
+        "where that name is not followed"
+    )
