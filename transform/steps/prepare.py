@@ -13,8 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
-from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
 from accelify.transform.participation import partly_used
+from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
 from accelify.transform.walk import nodes
