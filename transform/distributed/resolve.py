@@ -69,6 +69,9 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
             plan.remove(a.statement_of(call))
         else:
             plan.edits.replace(name, cst.Attribute(accelerator, cst.Name("end_training")))
+    elif what == "unwrap_model" and call is not None:
+        accelerator = plan.accelerator(name)
+        plan.edits.replace(name, cst.Attribute(accelerator, cst.Name(what)))  # type: ignore[arg-type]
     elif what in {"reduce", "no_sync"} and call is not None:
         if what == "no_sync" and _accumulates(plan):
             raise _second_schedule(name, "no_sync()")

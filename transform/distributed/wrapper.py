@@ -1,20 +1,24 @@
-"""``DDP(model, device_ids=[rank], **options)`` -> ``model``; ``model.module`` -> ``model``.
+"""``DDP(model, device_ids=[rank], **options)`` -> ``model``; ``model.module`` -> the bare model.
 
 The single-process script trains the bare model and the conversion prepares it, which wraps it
 again on several processes. The options that change what DistributedDataParallel does carry over
 as ``DistributedDataParallelKwargs`` (the accelerator's ``kwargs_handlers``); where to put the
 model (``device_ids``, ``output_device``) is the accelerator's to decide. ``model.module`` of a
-wrapped model is the model itself on one process; the conversion's unwrap step then reaches it
-through ``accelerator.unwrap_model`` where the model is prepared. Any other ``.module`` in the file
-is refused: it may be a wrapper's that the rewrite did not see.
+wrapped model is the bare model: ``accelerator.unwrap_model(model)``, which is the model itself
+on one process or before prepare(), and the module inside the wrapper after it (an alias such as
+``raw_model = model.module`` keeps meaning the bare module wherever it is taken). Reached through
+(``model.module.decode(z)``), it becomes ``model.decode(z)``, which the conversion's unwrap step
+sends to the module. Any other ``.module`` in the file is refused: it may be a wrapper's that the
+rewrite did not see.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Scope, key_of, unwrap_moves
+from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
 from accelify.transform.distributed.context import Rewrite
+from accelify.transform.patterns import placeholder
 from accelify.transform.walk import nodes
 
 # Options DistributedDataParallelKwargs takes, as DistributedDataParallel does.
@@ -55,7 +59,25 @@ def unwrap_ddp(r: Rewrite) -> None:
             continue
         if not r.is_wrapped(attribute.value):  # type: ignore[attr-defined]
             raise r.refuse(attribute, "reads .module of a model the conversion cannot follow")
-        r.edits.replace(attribute, lambda node: node.value)  # type: ignore[attr-defined]
+        parent = a.parent(attribute)
+        if isinstance(parent, cst.Attribute) and parent.value is attribute:
+            # ``model.module.decode(z)``: the unwrap step reaches what the model's class adds.
+            r.edits.replace(attribute, lambda node: node.value)  # type: ignore[attr-defined]
+            continue
+        either = _either(a, attribute)  # ``model.module if ddp else model``: the bare model too
+        r.edits.replace(
+            either or attribute,
+            lambda _node, m=attribute.value: cst.Call(placeholder("unwrap_model"), [cst.Arg(m)]),  # type: ignore[attr-defined]
+        )
+
+
+def _either(a: Analysis, attribute: cst.Attribute) -> cst.IfExp | None:
+    """The ``x.module if c else x`` (or ``x if c else x.module``) around ``attribute``."""
+    parent = a.parent(attribute)
+    if not isinstance(parent, cst.IfExp) or parent.test is attribute:
+        return None
+    other = parent.orelse if parent.body is attribute else parent.body
+    return parent if other.deep_equals(attribute.value) else None
 
 
 def _already(
