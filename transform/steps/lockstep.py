@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, loop_iterable, returns
-from accelify.transform.patterns import RANK_NAMES, callee_name, dotted_name, target_names
+from accelify.transform.patterns import RANK_NAMES, Role, callee_name, dotted_name, target_names
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, Setup
 from accelify.transform.walk import Visitor, children, nodes, walk
@@ -84,9 +84,16 @@ def lockstep(plan: Plan) -> None:
             continue
         for node in _runs_through(a, setup, call):
             for control, test in _controls(a, node):
+                if isinstance(control, cst.For) and _walks_loader(a, control):
+                    continue  # as many batches everywhere: a loader's length is its data's size
                 why = _reads(a, a.scope_of[id(test)], test, v)
                 if why is not None:
                     raise Refused(control, _reason(a, control, test, why))
+
+
+def _walks_loader(a: Analysis, loop: cst.For) -> bool:
+    walked = key_of(loop_iterable(loop.iter))
+    return walked is not None and a.role(a.scope_of[id(loop)], walked) is Role.DATALOADER
 
 
 def _reason(a: Analysis, control: cst.CSTNode, test: cst.CSTNode, why: str) -> str:
@@ -195,7 +202,8 @@ def _spread(a: Analysis, setup: Setup, v: Values) -> Values:
 
 def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
     def mark(key: str, why: str) -> None:
-        if a.role(scope, key) is None:  # a loader or a model is one object, not a value
+        # A model or an optimizer is one object, not a value; a loader carries its data's.
+        if a.role(scope, key) in (None, Role.DATALOADER):
             v.taint.setdefault((a.owner(scope, key), key), why)
 
     for node in _statements(scope):

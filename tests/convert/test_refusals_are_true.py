@@ -1,0 +1,130 @@
+"""Every refusal of the soundness steps is true: the conversion they hold back goes wrong.
+
+For each refused case under fixtures/convert/sound, the conversion is made again without the
+step that refused it (what accel-convert wrote before that step existed), and run on two CPU
+processes under accel-run. What the refusal said must happen: the replicas drift apart (the step
+trained a bare module), or the run fails in the gradient all-reduce (a process left it, or DDP
+waited for a gradient that never came). The cases the steps let through run on two processes with
+equal replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import accelify.transform.convert as convert_module
+from accelify.transform.convert import convert
+
+from .conftest import CASES_DIR
+
+pytest.importorskip("torch")
+
+SOUND = CASES_DIR / "sound"
+BIN = Path(sys.executable).parent
+# Written by every rank at the end: the sum of its model's weights, in full precision.
+PROBE = """
+import os as _os
+_w = sum(p.detach().double().sum().item() for p in accelerator.unwrap_model({model}).parameters())
+with open(f"weights-{{_os.environ.get('RANK', '0')}}.txt", "w") as _f:
+    _f.write(repr(_w))
+"""
+
+
+def _without(step_name: str, source: str) -> str:
+    """The conversion as it was before ``step_name`` refused anything."""
+    steps = [s for s in convert_module.STEPS if s.__name__ != step_name]
+    original = convert_module.STEPS[:]
+    convert_module.STEPS[:] = steps
+    try:
+        return convert(source).code
+    finally:
+        convert_module.STEPS[:] = original
+
+
+def _run_two(code: str, model: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    for old in tmp_path.glob("weights-*.txt"):
+        old.unlink()
+    script = tmp_path / "train.py"
+    script.write_text(code + PROBE.format(model=model))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK"))}
+    return subprocess.run(
+        [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+
+
+def _weights(result: subprocess.CompletedProcess[str]) -> dict[str, float]:
+    folder = Path(result.args[-1]).parent
+    return {f.stem[-1]: float(f.read_text()) for f in folder.glob("weights-*.txt")}
+
+
+# case -> (the step that refuses it, the model to probe)
+DRIFTS = {
+    "alias_trained": ("uses", "model"),
+    "model_in_a_dict": ("uses", "model"),
+    "models_in_a_list": ("uses", "head"),
+}
+FAILS_IN_ALL_REDUCE = {
+    "stop_on_own_loss": ("lockstep", "model"),
+    "episode_of_random_length": ("lockstep", "policy"),
+    "early_stop_on_unseeded_data": ("lockstep", "model"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(DRIFTS))
+def test_refused_use_would_let_replicas_drift(case: str, tmp_path: Path) -> None:
+    source = (SOUND / f"{case}.in.py").read_text()
+    assert not convert(source).changed  # refused today
+    step, model = DRIFTS[case]
+    result = _run_two(_without(step, source), model, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    weights = _weights(result)
+    assert set(weights) == {"0", "1"}, result.stdout
+    assert weights["0"] != weights["1"]  # the bare module trained apart on each process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(FAILS_IN_ALL_REDUCE))
+def test_refused_control_flow_would_break_the_all_reduce(case: str, tmp_path: Path) -> None:
+    source = (SOUND / f"{case}.in.py").read_text()
+    assert not convert(source).changed
+    step, model = FAILS_IN_ALL_REDUCE[case]
+    result = _run_two(_without(step, source), model, tmp_path)
+    weights = _weights(result)
+    # One process left the training loop first: the run fails, or (had it finished at all) the
+    # replicas would not agree. Both ranks finishing with equal weights would make it a lie.
+    assert result.returncode != 0 or weights.get("0") != weights.get("1"), result.stdout
+
+
+@pytest.mark.slow
+def test_discarded_output_needs_unused_parameters(tmp_path: Path) -> None:
+    source = (SOUND / "discarded_output.in.py").read_text()
+    code = convert(source).code
+    assert "find_unused_parameters=True" in code
+    kept = _run_two(code, "model", tmp_path)
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    weights = _weights(kept)
+    assert weights["0"] == weights["1"]
+    without = code.replace(
+        "kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],", ""
+    )
+    failed = _run_two(without, "model", tmp_path)
+    assert failed.returncode != 0
+    assert "Expected to have finished reduction" in failed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["alias_for_saving", "early_stop_on_validation"])
+def test_accepted_cases_keep_replicas_equal(case: str, tmp_path: Path) -> None:
+    code = convert((SOUND / f"{case}.in.py").read_text()).code
+    assert "accelerator.prepare(" in code
+    result = _run_two(code, "model", tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    weights = _weights(result)
+    assert set(weights) == {"0", "1"} and weights["0"] == weights["1"]
