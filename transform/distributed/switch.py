@@ -15,6 +15,7 @@ import libcst as cst
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import ENVIRONMENT, environment_variable
 from accelify.transform.edits import comments_in
+from accelify.transform.patterns import RANK_NAMES
 from accelify.transform.walk import nodes
 
 
@@ -61,6 +62,7 @@ def _collapse(r: Rewrite, name: cst.Name) -> None:
     if isinstance(parent, cst.If) and parent.test is name:
         if isinstance(parent.orelse, cst.If):
             raise r.refuse(parent, "an elif follows the distributed/single-process switch")
+        _refuse_distributed_only_checks(r, parent, name.value)
         if parent.orelse is not None:
             r.dropped.append(parent.orelse)
             # The dropped branch's comments stay, above the kept body.
@@ -76,3 +78,22 @@ def _collapse(r: Rewrite, name: cst.Name) -> None:
         r.edits.replace(parent, lambda node: node.body)  # type: ignore[attr-defined]
         return
     raise r.refuse(name, f"{name.value} switches between distributed and single-process code here")
+
+
+def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If, switch: str) -> None:
+    """An ``assert`` under ``if ddp:`` checked only distributed runs (``assert
+    torch.cuda.is_available()``); kept, it would check the one-process run too, which it did
+    not. One that reads the rank or the world size (``assert steps % world_size == 0``) holds on
+    one process, where they are 0 and 1."""
+    for check in nodes(branch.body, cst.Assert):
+        if not any(_reads_rank(n.value) for n in nodes(check, cst.Name)):  # type: ignore[attr-defined]
+            raise r.refuse(
+                check,
+                f"this assert ran only on the distributed path (if {switch}:); kept as that path "
+                "is, it would also run on one process, where it did not",
+            )
+
+
+def _reads_rank(name: str) -> bool:
+    """``rank``, ``ddp_world_size``, ``local_rank``: the distributed configuration's names."""
+    return name in RANK_NAMES or "rank" in name or "world_size" in name
