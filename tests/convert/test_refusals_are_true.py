@@ -128,3 +128,32 @@ def test_accepted_cases_keep_replicas_equal(case: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     weights = _weights(result)
     assert set(weights) == {"0", "1"} and weights["0"] == weights["1"]
+
+
+@pytest.mark.slow
+def test_target_accelerate_reads_the_rank_with_the_accelerators_cpu_choice(tmp_path: Path) -> None:
+    """A rank read before ``Accelerator(cpu=True)`` exists goes through HF's ``PartialState``;
+    made without the same ``cpu=`` it settles on one process, and each of the two trains alone."""
+    pytest.importorskip("accelerate")
+    from accelify.transform.convert import Options
+
+    source = (CASES_DIR / "ddp" / "torchrun.in.py").read_text()
+    code = convert(source, Options(target="accelerate")).code
+    assert "PartialState(cpu=True).process_index" in code
+    probe = "\n".join(
+        [
+            "import os as _os",
+            "from accelerate import PartialState as _State",
+            "with open(f\"world-{_os.environ['RANK']}.txt\", 'w') as _f:",
+            "    _f.write(str(_State().num_processes))",
+        ]
+    )
+    script = tmp_path / "train.py"
+    script.write_text(code.replace('if __name__ == "__main__":\n    main()', "main()\n" + probe))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK"))}
+    result = subprocess.run(
+        [str(BIN / "torchrun"), "--nproc-per-node", "2", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(f.read_text() for f in tmp_path.glob("world-*.txt")) == ["2", "2"]

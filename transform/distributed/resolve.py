@@ -20,6 +20,7 @@ from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.patterns import placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, origins
+from accelify.transform.steps.accelerator import picks_device
 from accelify.transform.steps.unwrap import SYNC_TOGGLE
 from accelify.transform.walk import nodes
 
@@ -101,11 +102,29 @@ def _second_schedule(node: cst.CSTNode, what: str) -> Refused:
 
 
 def _state(plan: Plan, node: cst.CSTNode) -> cst.BaseExpression:
+    """The accelerator, or before it exists the process state, made with the accelerator's own
+    ``cpu=`` choice: HF's shared state is settled by whichever is made first, and a
+    ``PartialState()`` made first on a CPU host would settle on one process (every process then
+    trains alone on all the data)."""
     accelerator = plan.accelerator(node, optional=True)
     if accelerator is not None:
         return accelerator
     plan.imports.add("PartialState")
-    return cst.parse_expression("PartialState()")
+    cpu = plan.accelerator_kwargs.get("cpu")
+    if cpu is None and not picks_device(plan.analysis):
+        cpu = cst.Name("True")
+    if cpu is None:
+        return cst.parse_expression("PartialState()")
+    if not (isinstance(cpu, cst.Name) and cpu.value in {"True", "False"}):
+        if plan.options.target == "accelerate":
+            raise Refused(
+                node,
+                "the process index is read before the accelerator exists, and its cpu= choice "
+                f"({plan.analysis.module.code_for_node(cpu)}) is made later: HF's PartialState "
+                "made here would settle the process state without it",
+            )
+        return cst.parse_expression("PartialState()")
+    return cst.parse_expression(f"PartialState(cpu={cpu.value})")
 
 
 def _set_epoch(plan: Plan, call: cst.Call) -> None:
