@@ -54,16 +54,69 @@ def save(plan: Plan) -> None:
             plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
             plan.edits.replace(statement, lambda node: node.with_changes(leading_lines=()))  # type: ignore[arg-type]
         plan.changed(call, "torch.save -> accelerator.save of the unwrapped model")
+    saved_at += _save_pretrained(plan, models)
     if saved_at:
         _wait_before_loads(plan, saved_at)
 
 
+def _save_pretrained(plan: Plan, models: set[str]) -> list[cst.CSTNode]:
+    """``model.save_pretrained(path)`` of a prepared model (unwrapped by the unwrap step) writes
+    on the main process only, through the accelerator, once every process is done (HF's own
+    form)."""
+    a = plan.analysis
+    saved: list[cst.CSTNode] = []
+    for call, scope in plan.training_calls():
+        func = call.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "save_pretrained":
+            continue
+        if not _prepared(plan, scope, func.value, models):
+            continue
+        accelerator = plan.accelerator(call)
+        code = a.module.code_for_node(accelerator)  # type: ignore[arg-type]
+        given = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+        extra = [
+            cst.parse_expression(f"f({key}={code}.{attribute})").args[0]  # type: ignore[attr-defined]
+            for key, attribute in (
+                ("is_main_process", "is_main_process"),
+                ("save_function", "save"),
+            )
+            if key not in given
+        ]
+        plan.edits.replace(call, lambda node, extra=extra: _with_args(node, extra))
+        statement = a.statement_of(call)
+        if rank_safe(plan, statement):  # type: ignore[arg-type]
+            plan.edits.insert_before(statement, plan.statement(f"{code}.wait_for_everyone()\n"))  # type: ignore[arg-type]
+        plan.changed(call, "save_pretrained writes on the main process, once every process is done")
+        saved.append(call)
+    return saved
+
+
+def _with_args(call: cst.Call, extra: list[cst.Arg]) -> cst.Call:
+    args = list(call.args)
+    if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
+        args[-1] = args[-1].with_changes(
+            comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
+    for i, arg in enumerate(extra):
+        last = i == len(extra) - 1
+        args.append(
+            arg.with_changes(
+                comma=cst.MaybeSentinel.DEFAULT
+                if last
+                else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            )
+        )
+    return call.with_changes(args=args)
+
+
 def _wait_before_loads(plan: Plan, saves: list[cst.CSTNode]) -> None:
-    """Only the main process writes now: a ``torch.load`` after the save waits until it has."""
+    """Only the main process writes now: a ``torch.load`` or ``from_pretrained`` after the save
+    waits until it has."""
     a = plan.analysis
     first = min(a.line(n) for n in _anchors(plan, saves[0]))
     for call, _scope in plan.training_calls():
-        if not a.names.refers_to(call.func, ("torch",), "load"):
+        loads = a.names.refers_to(call.func, ("torch",), "load")
+        if not loads and a.names.last_part(call.func) != "from_pretrained":
             continue
         if min((a.line(n) for n in _anchors(plan, call)), default=0) <= first:
             continue
