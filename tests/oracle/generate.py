@@ -172,6 +172,31 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+_ONE_SCOPE = ("module", "main_func", "if_main")
+RULES += (
+    Rule(
+        ("alias", "arch", "scope"),
+        lambda c: c["alias"] == "none" or (c["arch"] != "enc_dec" and c["scope"] in _ONE_SCOPE),
+        "the aliases name the one model, in the scope that trains it",
+    ),
+    Rule(
+        ("alias", "loss"),
+        lambda c: c["alias"] != "forward_alias" or c["loss"] != "model_returns",
+        "the alias runs the plain forward",
+    ),
+    Rule(
+        ("stop", "scope"),
+        lambda c: c["stop"] == "none" or c["scope"] in (*_ONE_SCOPE, "helpers"),
+        "the stop test sits in the epoch loop of the script's own scope",
+    ),
+    Rule(
+        ("stop", "scope"),
+        lambda c: c["stop"] != "loss_break" or c["scope"] in _ONE_SCOPE,
+        "the last loss is read where the batch loop ran",
+    ),
+)
+
+
 RULES_BY_AXIS = {axis: [r for r in RULES if axis in r.axes] for axis in AXES}
 
 
@@ -284,6 +309,7 @@ class Pieces:
             *c.part("data", "setup"),
             *c.part("arch", "build"),
             *c.part("model_move", "after_build"),
+            *c.part("alias", "after_build"),
             *c.part("extra_tensor", "setup"),
             *c.part("loss", "setup"),
             *c.part("optimizer", "setup"),
@@ -355,7 +381,8 @@ class Pieces:
 
     def main_lines(self, c: Ctx) -> Lines:
         """Everything the script does, in one scope."""
-        loop = c.part("epoch_loop", "wrap", [*self._train_call(c), *self.after_epoch(c)])
+        stop = c.part("stop", "after_epoch")
+        loop = c.part("epoch_loop", "wrap", [*self._train_call(c), *self.after_epoch(c), *stop])
         return [*self.prelude(c), *self.setup(c), *loop, *self.finish(c)]
 
     def functions(self, c: Ctx) -> Lines:

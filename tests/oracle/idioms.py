@@ -83,6 +83,8 @@ class Ctx:
     def forward(self, x: str) -> str:
         if self.v("arch") == "enc_dec":
             return f"{self.n('dec')}({self.n('enc')}({x}))"
+        if self.choice.get("alias") == "forward_alias":
+            return f"net({x})"
         return f"{self.model}({x})"
 
     @property
@@ -910,6 +912,35 @@ SAVE: dict[str, Idiom] = {
 }
 
 # The axes in the order generate.py chooses them (the most constraining first).
+# ----------------------------------------------------------------------------------------------
+# Other paths to the model, and what decides how long training goes on (issue: sound on code
+# never seen). Each variant either converts right or must be refused with its reason.
+
+ALIAS: dict[str, Idiom] = {
+    "none": {},
+    # An alias of the bare module read only for what the module itself answers: converts.
+    "bare_alias": {
+        "after_build": lambda c: [
+            f"raw_model = {c.model}",
+            "n_params = sum(p.numel() for p in raw_model.parameters())",
+        ]
+    },
+    # The training step runs the model through an alias made before prepare(): refused.
+    "forward_alias": {"after_build": lambda c: [f"net = {c.model}"]},
+    # The model kept in a list: the list would keep the bare module: refused.
+    "model_list": {"after_build": lambda c: [f"models = [{c.model}]", "print(len(models))"]},
+}
+
+STOP: dict[str, Idiom] = {
+    "none": {},
+    # Decided by the epoch counter, equal on every process: converts.
+    "counter_break": {"after_epoch": lambda c: ["if epoch >= 1:", "    break"]},
+    # Decided by the last batch's loss: refused where a prepared loader feeds it (each process
+    # has its own batch); converted where every process trains on the same sliced tensors.
+    "loss_break": {"after_epoch": lambda c: ["if loss.item() < 0.0:", "    break"]},
+}
+
+
 AXES: dict[str, dict[str, Idiom]] = {
     "scope": SCOPE,
     "loop": LOOP,
@@ -941,4 +972,6 @@ AXES: dict[str, dict[str, Idiom]] = {
     "seed": SEED,
     "banner": BANNER,
     "argparse": ARGPARSE,
+    "alias": ALIAS,
+    "stop": STOP,
 }

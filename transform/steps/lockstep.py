@@ -100,14 +100,14 @@ def _reason(a: Analysis, control: cst.CSTNode, test: cst.CSTNode, why: str) -> s
     code = a.module.code_for_node(test).strip()
     code = code if len(code) <= 40 else code[:37] + "..."
     what = {
-        cst.While: "this loop goes on",
+        cst.While: "whether this loop goes on",
         cst.For: "how often this loop runs",
-    }.get(type(control), "this branch runs")  # type: ignore[arg-type]
+    }.get(type(control), "whether this branch runs")  # type: ignore[arg-type]
     return (
-        f"whether {what} ({code}) depends on {why}, which differs between processes: one "
-        "process could leave the training step while the others wait for it in the gradient "
-        "all-reduce (a hang); make the decision from a value every process shares (e.g. "
-        "accelerator.reduce it first) and convert by hand"
+        f"{what} ({code}) reads {why}, so accel-convert cannot show that every "
+        "process decides it alike: a process that leaves the training step first leaves the "
+        "others waiting for it in the gradient all-reduce (a hang); decide it from a value "
+        "every process shares (accelerator.reduce it first) and convert by hand"
     )
 
 
