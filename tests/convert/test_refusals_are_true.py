@@ -73,6 +73,7 @@ FAILS_IN_ALL_REDUCE = {
     "stop_on_own_loss": ("lockstep", "model"),
     "episode_of_random_length": ("lockstep", "policy"),
     "early_stop_on_unseeded_data": ("lockstep", "model"),
+    "replay_buffer_threshold": ("lockstep", "q"),
 }
 
 

@@ -47,6 +47,11 @@ _RANK_ATTRIBUTES = frozenset(
 )
 _SHAPES = frozenset({"shape", "size", "numel", "dim", "ndim", "ndimension"})
 _RANK = "the process's rank"
+_BATCH = "this process's own batch (its shard of the prepared loader)"
+_RANDOM = "a random draw the script does not seed"
+# Reasons that make values differ but not sizes: a random tensor of a fixed shape, a batch of a
+# prepared loader (Accelerate evens their sizes).
+_VALUES_ONLY = frozenset({_BATCH, _RANDOM, None})
 _MUTATORS = frozenset({"append", "extend", "add", "update", "insert", "appendleft"})
 _STEP_DRAWS = frozenset({"step", "reset", "sample", "rsample"})  # env.step(a), dist.sample()
 
@@ -201,14 +206,16 @@ def _spread(a: Analysis, setup: Setup, v: Values) -> Values:
 
 
 def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
-    def mark(key: str, why: str) -> None:
+    def mark(owner: Scope, key: str, why: str) -> None:
         # A model or an optimizer is one object, not a value; a loader carries its data's.
-        if a.role(scope, key) in (None, Role.DATALOADER):
-            v.taint.setdefault((a.owner(scope, key), key), why)
+        if a.role(owner, key) in (None, Role.DATALOADER):
+            v.taint.setdefault((a.owner(owner, key), key), why)
 
+    controls: dict[int, str | None] = {}
     for node in _statements(scope):
+        under = _under(a, scope, node, v, controls)
         if isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign) and node.value:
-            why = _reads(a, scope, node.value, v)
+            why = _reads(a, scope, node.value, v) or under
             if why is not None:
                 targets = (
                     [t.target for t in node.targets]
@@ -217,26 +224,70 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
                 )
                 for target in targets:
                     for key in target_names(target):
-                        mark(key, why)
+                        mark(scope, key, why)
         elif isinstance(node, cst.For):
             for key, why in _loop_targets(a, scope, node, v, loaders):
-                mark(key, why)
+                mark(scope, key, why)
         elif isinstance(node, cst.Call) and callee_name(node) in _MUTATORS:
             receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
             key = key_of(receiver) if receiver is not None else None
             why = next(
                 (w for arg in node.args if (w := _reads(a, scope, arg.value, v))),
-                None,
+                under,
             )
             if key is not None and why is not None:
-                mark(key, why)
+                mark(scope, key, why)
         elif isinstance(node, cst.Call) and (callee := a.callee(node)) is not None:
             params = callee.params[1:] if callee.cls is not None else callee.params
             for i, arg in enumerate(node.args):
                 why = _reads(a, scope, arg.value, v)
                 name = arg.keyword.value if arg.keyword else params[i] if i < len(params) else None
                 if why is not None and name is not None:
-                    v.taint.setdefault((a.owner(callee, name), name), why)
+                    mark(callee, name, why)
+            if under is not None:  # run a per-process number of times: what it keeps differs
+                for key in _kept_by(callee):
+                    mark(callee, key, under)
+
+
+def _under(
+    a: Analysis, scope: Scope, node: cst.CSTNode, v: Values, cache: dict[int, str | None]
+) -> str | None:
+    """What makes a loop or branch around ``node`` (in its own function) differ between
+    processes, so that ``node`` runs a different number of times on each."""
+    current = a.parent(node)
+    while current is not None and current is not scope.node:
+        decided: cst.CSTNode | None = None
+        if isinstance(current, cst.If | cst.While):
+            decided = current.test
+        elif isinstance(current, cst.For) and not _walks_loader(a, current):
+            decided = current.iter
+        if decided is not None and not a.contains(decided, node):
+            if id(current) not in cache:
+                why = _reads(a, scope, decided, v)
+                cache[id(current)] = (
+                    None if why is None else f"{why}, through the loop or branch it runs under"
+                )
+            if cache[id(current)] is not None:
+                return cache[id(current)]
+        current = a.parent(current)
+    return None
+
+
+def _kept_by(function: Scope) -> set[str]:
+    """The ``self.x`` attributes and globals a function assigns or appends to."""
+    kept = set()
+    for node in _statements(function):
+        if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
+            targets = (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            )
+            kept |= {k for t in targets for k in target_names(t) if k.startswith("self.")}
+        elif isinstance(node, cst.Call) and callee_name(node) in _MUTATORS:
+            receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+            key = key_of(receiver) if receiver is not None else None
+            if key is not None and key.startswith("self."):
+                kept.add(key)
+    return kept
 
 
 def _loop_targets(
@@ -253,7 +304,7 @@ def _loop_targets(
         target = target.elements[1].value  # the index is a counter, equal everywhere
     walked = loop_iterable(iterable)
     if key_of(walked) in loaders:
-        why: str | None = "this process's own batch (its shard of the prepared loader)"
+        why: str | None = _BATCH
     else:
         why = _reads(a, scope, iterable, v)
     if why is not None:
@@ -293,9 +344,10 @@ def _statements(scope: Scope) -> list[cst.CSTNode]:
 
 def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
     """What makes ``expr`` differ between processes, or None when it is equal on all."""
-    if _is_shape(expr):  # a random tensor's or an evened batch's size is equal everywhere
+    if _is_shape(expr) and not (isinstance(expr, cst.Call) and a.callee(expr)):
+        # a random tensor's or an evened batch's size is equal everywhere
         inner = _reads(a, scope, _shaped(expr), v)
-        return inner if inner in (_RANK, "the clock") else None
+        return None if inner in _VALUES_ONLY else inner
     if isinstance(expr, cst.Call):
         name = callee_name(expr)
         if name in _SHARED:
@@ -358,7 +410,7 @@ def _source(a: Analysis, call: cst.Call, seeded: bool) -> str | None:
     if dotted.startswith(_RANDOM_MODULES) or (
         dotted.startswith("torch.") and dotted.rsplit(".", 1)[-1] in _RANDOM_TORCH
     ):
-        return "a random draw the script does not seed"
+        return _RANDOM
     if isinstance(call.func, cst.Attribute) and call.func.attr.value in _STEP_DRAWS:
         receiver = key_of(call.func.value)
         if receiver is not None and a.role(a.scope_of[id(call)], receiver) is None:
