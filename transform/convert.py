@@ -17,12 +17,13 @@ from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.neighbours import fetching_imports
-from accelify.transform.patterns import PREFIX, Role
+from accelify.transform.patterns import PREFIX, Role, method_call
 from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 from accelify.transform.steps.accelerator import accelerator as write_accelerator
+from accelify.transform.walk import nodes
 
 __all__ = ["Note", "Options", "Result", "convert", "parse", "plan_conversion"]
 
@@ -225,7 +226,7 @@ def _explain_no_setup(plan: Plan) -> None:
     here = "at module level" if scope.is_module else f"in {scope.name}()"
     optimizers = [b for b in a.bindings if a.role(b.scope, b.key) is Role.OPTIMIZER]
     if not optimizers:
-        why = "no optimizer steps this training (it updates its parameters by hand)"
+        why = _no_optimizer(a)
     elif not any(_takes_parameters(a, b) for b in optimizers):
         why = "its optimizer trains tensors, not a model's parameters"
     elif built := next((b for b in optimizers if isinstance(b.value, cst.Call)), None):
@@ -240,7 +241,31 @@ def _explain_no_setup(plan: Plan) -> None:
             f"the model and optimizer of the training step {here} come from outside this "
             "file; convert the script that builds them"
         )
+    if why == _GRADIENTS_ONLY:  # no training: nothing for a human to finish
+        plan.info(call, f"left unchanged: {why}")
+        return
     plan.needs_human(call, f"left unchanged: {why}")
+
+
+_GRADIENTS_ONLY = "nothing steps an optimizer after this backward (it computes gradients only)"
+
+
+def _no_optimizer(a: Analysis) -> str:
+    """Why a backward with no optimizer the analysis knows is left alone, in the words of what
+    the file does: an optimizer it cannot follow steps, parameters are updated by hand, or
+    nothing is updated at all (gradients computed for their own sake)."""
+    for call, _scope in a.calls:
+        if method_call(call, "step") is not None and not call.args:
+            return (
+                f"the optimizer that steps here ({a.module.code_for_node(call)}, line "
+                f"{a.line(call)}) is not one accel-convert can follow (built in a list or a "
+                "comprehension, handed in as a parameter, or built outside this file); convert "
+                "by hand"
+            )
+    reads_grads = any(n.attr.value in {"grad", "data"} for n in nodes(a.module, cst.Attribute))  # type: ignore[attr-defined]
+    if reads_grads and any(True for _ in nodes(a.module, cst.AugAssign)):
+        return "no optimizer steps this training (it updates its parameters by hand)"
+    return _GRADIENTS_ONLY
 
 
 def _takes_parameters(a: Analysis, optimizer: Binding) -> bool:

@@ -36,7 +36,9 @@ from accelify.transform.patterns import (
     constructor_role,
     dotted_name,
     method_call,
+    target_names,
 )
+from accelify.transform.walk import nodes
 
 ACCELERATOR = "accelerator"
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -744,6 +746,8 @@ def _snippet(a: Analysis) -> Setup | None:
     }
     if Role.OPTIMIZER not in roles.values() or any(b.scope is module for b in _owned(a, module)):
         return None
+    if _loop_bound(a, module) & roles.keys():
+        return None  # ``for net, opt in zip(nets, opts)``: built here, one per iteration
     order = {role: i for i, role in enumerate(TRAINING_ROLES)}
     keys = sorted(roles, key=lambda k: order[roles[k]])
     setup = Setup(module, ACCELERATOR, Timeline(a, module), reachable(a, module))
@@ -752,3 +756,14 @@ def _snippet(a: Analysis) -> Setup | None:
     ]
     setup.loaders = {k for k in keys if roles[k] is Role.DATALOADER}
     return setup
+
+
+def _loop_bound(a: Analysis, scope: Scope) -> set[str]:
+    """Names a ``for`` or a comprehension of ``scope`` binds."""
+    loops = (*nodes(scope.node, cst.For), *nodes(scope.node, cst.CompFor))
+    return {
+        key
+        for loop in loops
+        if a.scope_of.get(id(loop)) is scope
+        for key in target_names(loop.target)  # type: ignore[attr-defined]
+    }
