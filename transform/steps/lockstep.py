@@ -87,7 +87,7 @@ def lockstep(plan: Plan) -> None:
     for call, scope, _loop in a.backward_calls:
         if scope not in setup.reach:
             continue
-        for node in _runs_through(a, setup, call):
+        for node in _runs_through(a, call):
             for control, test in _controls(a, node):
                 if isinstance(control, cst.For) and _walks_loader(a, control):
                     continue  # as many batches everywhere: a loader's length is its data's size
@@ -117,15 +117,16 @@ def _reason(a: Analysis, control: cst.CSTNode, test: cst.CSTNode, why: str) -> s
 
 
 # where the training step can be skipped or left ----------------------------------------------
-def _runs_through(a: Analysis, setup: Setup, node: cst.CSTNode) -> list[cst.CSTNode]:
-    """``node`` and every call of the setup's functions through which it runs."""
+def _runs_through(a: Analysis, node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and every call of the file's functions through which it runs (from the setup,
+    or from the code that drives a trainer class)."""
     found = [node]
     todo = [a.scope_of[id(node)]]
     seen = set(todo)
     while todo:
         scope = todo.pop()
         for call, where in a.calls:
-            if where in setup.reach and a.callee(call) is scope:
+            if a.callee(call) is scope:
                 found.append(call)
                 if where not in seen:
                     seen.add(where)
@@ -195,7 +196,7 @@ def _spread(a: Analysis, setup: Setup, v: Values) -> Values:
     """Names (per function, ``self.x`` per class) holding values that differ between processes,
     to a fixpoint over assignments, loops, mutations, calls and returns."""
     loaders = set(setup.loaders)
-    scopes = [s for s in a.scopes if s in setup.reach]
+    scopes = a.scopes  # the code that drives a trainer class's methods counts too
     for _ in range(6):
         before = len(v.taint)
         for scope in scopes:
@@ -256,21 +257,33 @@ def _under(
     processes, so that ``node`` runs a different number of times on each."""
     current = a.parent(node)
     while current is not None and current is not scope.node:
-        decided: cst.CSTNode | None = None
-        if isinstance(current, cst.If | cst.While):
-            decided = current.test
-        elif isinstance(current, cst.For) and not _walks_loader(a, current):
-            decided = current.iter
-        if decided is not None and not a.contains(decided, node):
+        if isinstance(current, cst.If | cst.For | cst.While) and not a.contains(
+            _decider(current), node
+        ):
             if id(current) not in cache:
-                why = _reads(a, scope, decided, v)
-                cache[id(current)] = (
-                    None if why is None else f"{why}, through the loop or branch it runs under"
-                )
+                cache[id(current)] = _decided_apart(a, scope, current, v)
             if cache[id(current)] is not None:
-                return cache[id(current)]
+                return f"{cache[id(current)]}, through the loop or branch it runs under"
         current = a.parent(current)
     return None
+
+
+def _decider(control: cst.If | cst.For | cst.While) -> cst.CSTNode:
+    return control.iter if isinstance(control, cst.For) else control.test
+
+
+def _decided_apart(
+    a: Analysis, scope: Scope, control: cst.If | cst.For | cst.While, v: Values
+) -> str | None:
+    """What makes ``control`` run its body differently on each process: its test or iterable,
+    or for a loop, a ``break``/``continue``/``return`` decided apart."""
+    if isinstance(control, cst.For) and _walks_loader(a, control):
+        deciders: list[cst.CSTNode] = []
+    else:
+        deciders = [_decider(control)]
+    if not isinstance(control, cst.If):
+        deciders += [test for _leave, test in _exits(a, control)]
+    return next((w for d in deciders if (w := _reads(a, scope, d, v)) is not None), None)
 
 
 def _kept_by(function: Scope) -> set[str]:
@@ -373,6 +386,10 @@ def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | Non
             return None
     if isinstance(expr, cst.Attribute) and expr.attr.value in _RANK_ATTRIBUTES:
         return _RANK
+    if isinstance(expr, cst.Attribute) and (owner := _instance_of(a, scope, expr.value)):
+        found = v.taint.get((id(owner), f"self.{expr.attr.value}"))  # ``dqn.memory_counter``
+        if found is not None:
+            return found
     if isinstance(expr, cst.Lambda | cst.FunctionDef):
         return None
     for child in children(expr):
@@ -380,6 +397,15 @@ def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | Non
         if why is not None:
             return why
     return None
+
+
+def _instance_of(a: Analysis, scope: Scope, value: cst.BaseExpression) -> cst.ClassDef | None:
+    """The class of this file that ``value`` (a name) is an instance of, when it is known."""
+    key = key_of(value)
+    name = a.instance_class(scope, key) if key is not None else None
+    methods = a.methods.get(name or "")
+    first = next(iter(methods.values()), None) if methods else None
+    return first.cls if first is not None else None
 
 
 def _is_shape(expr: cst.CSTNode) -> bool:
