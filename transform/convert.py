@@ -12,17 +12,18 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Binding, analyse, optimized_models
+from accelify.transform.analysis import Analysis, Binding, analyse, key_of, optimized_models
 from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.neighbours import fetching_imports
-from accelify.transform.patterns import PREFIX, Role, method_call
+from accelify.transform.patterns import PREFIX, Role, callee_name, method_call
 from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 from accelify.transform.steps.accelerator import accelerator as write_accelerator
+from accelify.transform.steps.uses import READERS
 from accelify.transform.walk import nodes
 
 __all__ = ["Note", "Options", "Result", "convert", "parse", "plan_conversion"]
@@ -221,6 +222,7 @@ def _explain_no_setup(plan: Plan) -> None:
     """A file with training code that was left alone always says why."""
     a: Analysis = plan.analysis
     if not a.backward_calls:
+        _explain_hidden_step(plan)
         return
     call, scope, _loop = a.backward_calls[0]
     here = "at module level" if scope.is_module else f"in {scope.name}()"
@@ -245,6 +247,32 @@ def _explain_no_setup(plan: Plan) -> None:
         plan.info(call, f"left unchanged: {why}")
         return
     plan.needs_human(call, f"left unchanged: {why}")
+
+
+def _explain_hidden_step(plan: Plan) -> None:
+    """No ``.backward()`` in the file, but a loop hands an optimizer to a call this file does not
+    show (timm's ``loss_scaler(loss, optimizer, ...)``): the training step runs in there."""
+    a: Analysis = plan.analysis
+    for call, scope in a.calls:
+        if a.callee(call) is not None or callee_name(call) in READERS or not _in_loop(a, call):
+            continue
+        handed = [
+            key
+            for arg in call.args
+            if (key := key_of(arg.value)) is not None and a.role(scope, key) is Role.OPTIMIZER
+        ]
+        if handed and method_call(call, "step") is None:
+            name = a.module.code_for_node(call.func)
+            plan.needs_human(
+                call,
+                f"left unchanged: the training step runs inside {name}(...), which this file "
+                f"does not show (it is handed {handed[0]}); convert by hand",
+            )
+            return
+
+
+def _in_loop(a: Analysis, node: cst.CSTNode) -> bool:
+    return a.enclosing(node, (cst.For, cst.While)) is not None
 
 
 _GRADIENTS_ONLY = "nothing steps an optimizer after this backward (it computes gradients only)"

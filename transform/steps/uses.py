@@ -27,7 +27,7 @@ from accelify.transform.steps.unwrap import MODULE_API
 from accelify.transform.walk import Visitor, walk
 
 # Calls that only look at what they are handed, whatever its role.
-_READERS = frozenset(
+READERS = frozenset(
     {"print", "len", "str", "repr", "format", "isinstance", "type", "id", "hasattr", "callable"}
 )
 # Logging methods (``logger.info(model)``): they format what they are handed.
@@ -310,7 +310,7 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         )
     if constructor_role(call, a.names) in (Role.OPTIMIZER, Role.SCHEDULER):
         return None
-    if last in _READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
+    if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
         return None
     if use.role is Role.DATALOADER and last in _LOADER_READERS:
         return None
@@ -438,7 +438,7 @@ def _alias_use(
     if isinstance(parent, cst.Arg):
         call = a.parent(parent)
         last = a.names.last_part(call.func) if isinstance(call, cst.Call) else None
-        if last in _READERS or (use.bare and last in _BARE_MODEL_READERS):
+        if last in READERS or (use.bare and last in _BARE_MODEL_READERS):
             return None
     if isinstance(parent, cst.Comparison | cst.ComparisonTarget | cst.Expr | cst.Del):
         return None
