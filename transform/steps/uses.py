@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes
 from accelify.transform.patterns import PREFIX, Role, callee_name, constructor_role, dotted_name
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, Setup, in_training_step, origins
@@ -242,6 +242,8 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     if isinstance(parent, cst.Assign) and parent.value is node:
         return _aliased(a, setup, use, parent)
     if isinstance(parent, cst.Return):
+        if _result_unused(a, use.scope):
+            return None
         return parent, (
             f"{key} is returned here: whoever called {use.scope.name}() would get the prepared "
             f"{_noun(use.role)} (a wrapper on several processes), and its uses are not followed"
@@ -273,6 +275,20 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     ):
         return None
     return node, f"{key} is used here in a way accel-convert does not follow"
+
+
+def _result_unused(a: Analysis, function: Scope) -> bool:
+    """Whether every call of ``function`` drops what it returns (``train(rnn)`` as a statement,
+    or ``trained = train(rnn)`` never read)."""
+    calls = [(call, where) for call, where in a.calls if a.callee(call) is function]
+    for call, where in calls:
+        parent = a.parent(call)
+        if isinstance(parent, cst.Expr):
+            continue
+        target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
+        if not isinstance(target, cst.Name) or len(name_nodes(where.node, target.value)) > 1:
+            return False
+    return bool(calls)
 
 
 def _value_of(a: Analysis, node: cst.BaseExpression) -> cst.BaseExpression:
