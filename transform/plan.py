@@ -125,6 +125,11 @@ class Plan:
         scope = a.scope_of[id(node)]
         point = setup.create_at or setup.prepare_at
         if point is not None and not setup.timeline.after(point, node):
+            before_init = scope.name == "__init__" and scope.cls is setup.scope.cls
+            if setup.timeline.anchors(node) is None and not before_init:
+                where = "at module level" if setup.scope.is_module else f"in {setup.scope.name}()"
+                why = f"does not run from where the accelerator is created ({where})"
+                return self._unreachable(node, optional, why)
             return self._unreachable(node, optional, "runs before the accelerator exists")
         if setup.on_self and scope.cls is setup.scope.cls:
             return cst.parse_expression(setup.accelerator)
