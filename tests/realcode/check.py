@@ -19,18 +19,25 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelify.transform.convert import Result, convert
+from accelify.transform.convert import Options, Result, convert
+from accelify.transform.notebook import convert_notebook
 from accelify.transform.sources import SourceError, read
 
 HERE = Path(__file__).parent
 VERDICTS = HERE / "convert_verdicts.csv"
-FIELDS = ["path", "outcome", "line", "verdict", "reason"]
-# What a reviewer may conclude; "wrong" and "silent" are never recorded as accepted: they are
-# fixed first.
+# What the converter of ebb7962 did with repositories no one had reviewed before, judged before
+# anything was changed for them: the rate users meet on code the project never studied.
+FIRST_SIGHT = HERE / "first_sight.csv"
 VERDICTS_ALLOWED = frozenset(
     {"correct-full", "correct-partial", "refused-with-reason", "unchanged-no-training"}
 )
-OUTCOMES = frozenset({"converted", "converted-with-notes", "unchanged-with-reason", "unchanged"})
+FIELDS = ["path", "outcome", "line", "verdict", "reason"]
+# What a reviewer may conclude of today's converter; "wrong" and "silent" are never recorded as
+# accepted: they are fixed first. A first sight records them as they were.
+FAULTS = frozenset({"wrong", "silent", "refused-untrue-reason"})
+OUTCOMES = frozenset(
+    {"converted", "converted-with-notes", "unchanged-with-reason", "unchanged", "error"}
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,18 @@ def outcome(result: Result) -> tuple[str, int]:
     return "converted", first
 
 
+def converted(file: Path) -> tuple[str, int]:
+    """What the converter does with a script or a notebook (its code cells as one program), and
+    the first line it reports on; ``error`` for a file it refuses to read (one line, exit 2)."""
+    try:
+        text = read(str(file)).text
+        if file.suffix == ".ipynb":
+            return outcome(convert_notebook(text, Options(), str(file)).program)
+        return outcome(convert(text, path=str(file)))
+    except SourceError:
+        return "error", 0
+
+
 def load(path: Path) -> list[Row]:
     with path.open(newline="") as handle:
         return [
@@ -69,18 +88,30 @@ def check(root: Path, rows: list[Row]) -> list[str]:
         if not file.exists():
             problems.append(f"{row.path}: not found under {root}")
             continue
-        try:
-            result = convert(read(str(file)).text, path=str(file))
-        except SourceError as err:
-            problems.append(f"{row.path}: {err}")
-            continue
-        now, line = outcome(result)
+        now, line = converted(file)
         if (now, line) != (row.outcome, row.line):
             problems.append(
                 f"{row.path}: reviewed as {row.outcome} (line {row.line}), now {now} "
                 f"(line {line}): review it again"
             )
     return problems
+
+
+def rates(first: list[Row], after: list[Row]) -> list[str]:
+    """Per repository: files, and how many were wrong, silent or refused for an untrue reason at
+    first sight and now (the after verdicts admit none)."""
+    now = {r.path: r for r in after}
+    lines = [f"{'repository':40} {'files':>5} {'faults first':>12} {'converted first':>15} "
+             f"{'converted now':>13}"]  # fmt: skip
+    repos = sorted({r.path.split("/", 1)[0] for r in first})
+    for repo in repos:
+        rows = [r for r in first if r.path.startswith(f"{repo}/")]
+        later = [now[r.path] for r in rows if r.path in now]
+        faults = sum(r.verdict in FAULTS for r in rows)
+        done = sum(r.verdict.startswith("correct") for r in rows)
+        done_now = sum(r.verdict.startswith("correct") for r in later)
+        lines.append(f"{repo:40} {len(rows):5} {faults:12} {done:15} {done_now:13}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Counter((r.path.split("/", 1)[0], r.verdict) for r in rows)
     for (repo, verdict), count in sorted(table.items()):
         print(f"{repo:40} {verdict:24} {count}")
+    if FIRST_SIGHT.exists():
+        print("\n".join(rates(load(FIRST_SIGHT), rows)))
     problems = check(args.root, rows)
     for problem in problems:
         print(problem, file=sys.stderr)
