@@ -112,6 +112,10 @@ class Analysis:
     comprehensions: list[tuple[cst.CompFor, Scope, str]] = field(default_factory=list)
     # ``x += ...`` targets (the name) with their scope: running sums and counters.
     augmented: list[tuple[str, Scope]] = field(default_factory=list)
+    # Every assignment statement (``=``, ``+=``, annotated) with its scope, whatever its target.
+    assignments: list[tuple[cst.Assign | cst.AugAssign | cst.AnnAssign, Scope]] = field(
+        default_factory=list
+    )
     # ``x.attr`` / ``self.x.attr`` reads of names the analysis can track, with their scope.
     attributes: list[tuple[cst.Attribute, Scope]] = field(default_factory=list)
     # (caller, name, callee, name) pairs that hold the same object: arguments and parameters,
@@ -135,6 +139,7 @@ class Analysis:
         self._bound = None
         self.loops = [lp for lp in self.loops if lp.scope not in scopes]
         self.calls = [c for c in self.calls if c[1] not in scopes]
+        self.assignments = [x for x in self.assignments if x[1] not in scopes]
         self.attributes = [x for x in self.attributes if x[1] not in scopes]
         self.comprehensions = [x for x in self.comprehensions if x[1] not in scopes]
         self.backward_calls = [c for c in self.backward_calls if c[1] not in scopes]
@@ -418,6 +423,7 @@ class _Collector(NameCollector):
 
     # facts --------------------------------------------------------------------------------
     def visit_Assign(self, node: cst.Assign) -> None:
+        self.a.assignments.append((node, self.scopes[-1]))
         for target in node.targets:
             if (key := key_of(target.target)) is not None:
                 self._bind(key, node, node.value)
@@ -431,10 +437,12 @@ class _Collector(NameCollector):
             self.a.comprehensions.append((node, self.scopes[-1], key))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.a.assignments.append((node, self.scopes[-1]))
         if (key := key_of(node.target)) is not None:
             self.a.augmented.append((key, self.scopes[-1]))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.a.assignments.append((node, self.scopes[-1]))
         if (key := key_of(node.target)) is not None:
             self._bind(key, node, node.value)
 

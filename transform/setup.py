@@ -358,7 +358,7 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
             if isinstance(value, cst.Call)
             else None
         )
-        if held is None:
+        if not held:  # none read (``[{"params": trunk_params}]`` filled in a loop): what trains
             held = _trained_models(a, setup)
             if len(held) != 1:
                 raise Refused(

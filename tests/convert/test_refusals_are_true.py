@@ -11,6 +11,7 @@ equal replicas.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,14 @@ def _run_two(code: str, model: str, tmp_path: Path) -> subprocess.CompletedProce
     for old in tmp_path.glob("weights-*.txt"):
         old.unlink()
     script = tmp_path / "train.py"
-    script.write_text(code + PROBE.format(model=model))
+    probe = PROBE.format(model=model)
+    end = re.search(r"^( *)accelerator\.end_training\(\)$", code, re.MULTILINE)
+    if end is not None:  # inside the function that trains, where its names are
+        indented = "".join(end.group(1) + line + "\n" for line in probe.strip().splitlines())
+        code = code[: end.start()] + indented + code[end.start() :]
+    else:
+        code += probe
+    script.write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK"))}
     return subprocess.run(
         [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(script)],
@@ -121,11 +129,18 @@ def test_discarded_output_needs_unused_parameters(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["alias_for_saving", "early_stop_on_validation"])
-def test_accepted_cases_keep_replicas_equal(case: str, tmp_path: Path) -> None:
-    code = convert((SOUND / f"{case}.in.py").read_text()).code
+@pytest.mark.parametrize(
+    ("case", "model"),
+    [
+        ("sound/alias_for_saving", "model"),
+        ("sound/early_stop_on_validation", "model"),
+        ("ddp/param_groups_from_a_loop", "net"),  # prepared though no model is named in opt
+    ],
+)
+def test_accepted_cases_keep_replicas_equal(case: str, model: str, tmp_path: Path) -> None:
+    code = convert((CASES_DIR / f"{case}.in.py").read_text()).code
     assert "accelerator.prepare(" in code
-    result = _run_two(code, "model", tmp_path)
+    result = _run_two(code, model, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     weights = _weights(result)
     assert set(weights) == {"0", "1"} and weights["0"] == weights["1"]

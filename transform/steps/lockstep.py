@@ -24,7 +24,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Scope, key_of, loop_iterable, returns
 from accelify.transform.patterns import RANK_NAMES, Role, callee_name, dotted_name, target_names
 from accelify.transform.plan import Plan
-from accelify.transform.setup import Refused, Setup
+from accelify.transform.setup import Refused, Setup, reachable
 from accelify.transform.walk import Visitor, children, nodes, walk
 
 # Calls whose result every process shares: the collectives, under any of their names.
@@ -61,9 +61,51 @@ class Values:
     """What the lockstep step knows of one script's values while it spreads them."""
 
     seeded: bool
+    _statements: dict[int, list[cst.CSTNode]]  # scope -> its assignments, loops and calls
     # (owner, key) -> what makes the value differ between processes
     taint: dict[tuple[int, str], str] = field(default_factory=dict)
     _loop_bound: dict[int, set[str]] = field(default_factory=dict)
+    # (scope, node) -> _reads' answer, and the size of the taint it was given for
+    memo: dict[tuple[int, int], tuple[str | None, int]] = field(default_factory=dict)
+    leaving: dict[int, list[cst.CSTNode]] = field(default_factory=dict)  # loop -> its exits
+    grown: set[int] = field(default_factory=set)  # owners whose taint grew in this pass
+    # What does not change while the taint spreads, asked for again and again.
+    _callees: dict[int, Scope | None] = field(default_factory=dict)
+    _returns: dict[int, list[cst.Return]] = field(default_factory=dict)
+    _sources: dict[int, str | None] = field(default_factory=dict)
+    _instances: dict[tuple[int, str], cst.ClassDef | None] = field(default_factory=dict)
+
+    def statements(self, scope: Scope) -> list[cst.CSTNode]:
+        return self._statements.get(id(scope.node), [])
+
+    def callee(self, a: Analysis, call: cst.Call) -> Scope | None:
+        if id(call) not in self._callees:
+            self._callees[id(call)] = a.callee(call)
+        return self._callees[id(call)]
+
+    def returns(self, function: Scope) -> list[cst.Return]:
+        if id(function.node) not in self._returns:
+            self._returns[id(function.node)] = returns(function)
+        return self._returns[id(function.node)]
+
+    def source(self, a: Analysis, call: cst.Call) -> str | None:
+        if id(call) not in self._sources:
+            self._sources[id(call)] = _source(a, call, self.seeded)
+        return self._sources[id(call)]
+
+    def instance_of(
+        self, a: Analysis, scope: Scope, value: cst.BaseExpression
+    ) -> cst.ClassDef | None:
+        """The class of this file that ``value`` (a name) is an instance of, when it is known."""
+        key = key_of(value)
+        if key is None:
+            return None
+        if (id(scope.node), key) not in self._instances:
+            name = a.instance_class(scope, key)
+            methods = a.methods.get(name or "")
+            first = next(iter(methods.values()), None) if methods else None
+            self._instances[(id(scope.node), key)] = first.cls if first is not None else None
+        return self._instances[(id(scope.node), key)]
 
     def loop_bound(self, scope: Scope) -> set[str]:
         """Names a ``for`` of ``scope`` binds (the analysis records assignments, not these)."""
@@ -71,7 +113,7 @@ class Values:
         if found is None:
             found = self._loop_bound[id(scope.node)] = {
                 key
-                for node in _statements(scope)
+                for node in self.statements(scope)
                 if isinstance(node, cst.For)
                 for key in target_names(node.target)
             }
@@ -83,17 +125,24 @@ def lockstep(plan: Plan) -> None:
     if setup is None or setup.prepare_at is None:
         return
     a = plan.analysis
-    v = _spread(a, setup, Values(_seeded(a)))
-    for call, scope, _loop in a.backward_calls:
-        if scope not in setup.reach:
-            continue
-        for node in _runs_through(a, call):
-            for control, test in _controls(a, node):
-                if isinstance(control, cst.For) and _walks_loader(a, control):
-                    continue  # as many batches everywhere: a loader's length is its data's size
-                why = _reads(a, a.scope_of[id(test)], test, v)
-                if why is not None:
-                    raise Refused(control, _reason(a, control, test, why))
+    steps = [
+        node
+        for call, scope, _loop in a.backward_calls
+        if scope in setup.reach
+        for node in _runs_through(a, call)
+    ]
+    # The functions the training step runs through, and what they call: their values decide it.
+    scopes = {a.scope_of[id(node)] for node in steps}
+    for scope in list(scopes):
+        scopes |= reachable(a, scope)
+    v = _spread(a, setup, [s for s in a.scopes if s in scopes], Values(_seeded(a), _statements(a)))
+    for node in steps:
+        for control, test in _controls(a, node, v):
+            if isinstance(control, cst.For) and _walks_loader(a, control):
+                continue  # as many batches everywhere: a loader's length is its data's size
+            why = _reads(a, a.scope_of[id(test)], test, v)
+            if why is not None:
+                raise Refused(control, _reason(a, control, test, why))
 
 
 def _walks_loader(a: Analysis, loop: cst.For) -> bool:
@@ -134,7 +183,9 @@ def _runs_through(a: Analysis, node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
-def _controls(a: Analysis, node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+def _controls(
+    a: Analysis, node: cst.CSTNode, v: Values
+) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
     """(statement, the expression deciding it) for every ``if``/``while``/``for`` around
     ``node`` in its function, and for every conditional ``break``/``continue``/``return`` of
     the loops around it."""
@@ -145,15 +196,20 @@ def _controls(a: Analysis, node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst
             yield parent, parent.test
         elif isinstance(parent, cst.While) and current is not parent.test:
             yield parent, parent.test
-            yield from _exits(a, parent)
+            yield from _exits(a, parent, v)
         elif isinstance(parent, cst.For) and current is not parent.iter:
             yield parent, parent.iter
-            yield from _exits(a, parent)
+            yield from _exits(a, parent, v)
         current = parent
 
 
-def _exits(a: Analysis, loop: cst.For | cst.While) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
-    for leave in _leaving(loop):
+def _exits(
+    a: Analysis, loop: cst.For | cst.While, v: Values
+) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+    leaving = v.leaving.get(id(loop))
+    if leaving is None:
+        leaving = v.leaving[id(loop)] = _leaving(loop)
+    for leave in leaving:
         current = a.parent(leave)
         while current is not None and current is not loop:
             if isinstance(current, cst.If):
@@ -192,62 +248,88 @@ def _seeded(a: Analysis) -> bool:
     return False
 
 
-def _spread(a: Analysis, setup: Setup, v: Values) -> Values:
+def _spread(a: Analysis, setup: Setup, scopes: list[Scope], v: Values) -> Values:
     """Names (per function, ``self.x`` per class) holding values that differ between processes,
-    to a fixpoint over assignments, loops, mutations, calls and returns."""
+    to a fixpoint over assignments, loops, mutations, calls and returns. After the first pass
+    only the functions whose inputs grew are read again: their own names, their parameters,
+    their class's attributes, the module's globals, or what a function they call returns."""
     loaders = set(setup.loaders)
-    scopes = a.scopes  # the code that drives a trainer class's methods counts too
-    for _ in range(6):
-        before = len(v.taint)
-        for scope in scopes:
+    callers: dict[int, set[int]] = {}
+    for call, where in a.calls:
+        callee = a.callee(call)
+        if callee is not None:
+            callers.setdefault(id(callee.node), set()).add(id(where.node))
+    module = id(a.scopes[0].node)
+    dirty = scopes
+    for _ in range(10):
+        v.grown.clear()
+        for scope in dirty:
             _spread_in(a, scope, v, loaders)
-        if len(v.taint) == before:
+        if not v.grown:
             break
+        touched = {
+            id(s.node)
+            for s in scopes
+            if id(s.node) in v.grown
+            or (s.cls is not None and id(s.cls) in v.grown)
+            or module in v.grown
+        }
+        for owner in list(touched):
+            touched |= callers.get(owner, set())
+        dirty = [s for s in scopes if id(s.node) in touched]
     return v
 
 
 def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
     def mark(owner: Scope, key: str, why: str) -> None:
         # A model or an optimizer is one object, not a value; a loader carries its data's.
-        if a.role(owner, key) in (None, Role.DATALOADER):
-            v.taint.setdefault((a.owner(owner, key), key), why)
+        place = (a.owner(owner, key), key)
+        if place not in v.taint and a.role(owner, key) in (None, Role.DATALOADER):
+            v.taint[place] = why
+            v.grown.add(place[0])
 
     controls: dict[int, str | None] = {}
-    for node in _statements(scope):
-        under = _under(a, scope, node, v, controls)
+
+    def under(node: cst.CSTNode) -> str | None:
+        return _under(a, scope, node, v, controls)
+
+    for node in v.statements(scope):
         if isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign) and node.value:
-            why = _reads(a, scope, node.value, v) or under
+            targets = (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            )
+            keys = [key for target in targets for key in target_names(target)]
+            if all((a.owner(scope, key), key) in v.taint for key in keys):
+                continue  # already known to differ: nothing more to learn here
+            why = _reads(a, scope, node.value, v) or under(node)
             if why is not None:
-                targets = (
-                    [t.target for t in node.targets]
-                    if isinstance(node, cst.Assign)
-                    else [node.target]
-                )
-                for target in targets:
-                    for key in target_names(target):
-                        mark(scope, key, why)
+                for key in keys:
+                    mark(scope, key, why)
         elif isinstance(node, cst.For):
             for key, why in _loop_targets(a, scope, node, v, loaders):
                 mark(scope, key, why)
         elif isinstance(node, cst.Call) and callee_name(node) in _MUTATORS:
             receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
             key = key_of(receiver) if receiver is not None else None
+            if key is None or (a.owner(scope, key), key) in v.taint:
+                continue
             why = next(
-                (w for arg in node.args if (w := _reads(a, scope, arg.value, v))),
-                under,
-            )
-            if key is not None and why is not None:
+                (w for arg in node.args if (w := _reads(a, scope, arg.value, v))), None
+            ) or under(node)
+            if why is not None:
                 mark(scope, key, why)
-        elif isinstance(node, cst.Call) and (callee := a.callee(node)) is not None:
+        elif isinstance(node, cst.Call):
+            callee = a.callee(node)
+            assert callee is not None  # _statements keeps only same-file calls and mutators
             params = callee.params[1:] if callee.cls is not None else callee.params
             for i, arg in enumerate(node.args):
                 why = _reads(a, scope, arg.value, v)
                 name = arg.keyword.value if arg.keyword else params[i] if i < len(params) else None
                 if why is not None and name is not None:
                     mark(callee, name, why)
-            if under is not None:  # run a per-process number of times: what it keeps differs
-                for key in _kept_by(callee):
-                    mark(callee, key, under)
+            if (why := under(node)) is not None:  # runs a per-process number of times
+                for key in _kept_by(callee, v):
+                    mark(callee, key, why)
 
 
 def _under(
@@ -282,14 +364,14 @@ def _decided_apart(
     else:
         deciders = [_decider(control)]
     if not isinstance(control, cst.If):
-        deciders += [test for _leave, test in _exits(a, control)]
+        deciders += [test for _leave, test in _exits(a, control, v)]
     return next((w for d in deciders if (w := _reads(a, scope, d, v)) is not None), None)
 
 
-def _kept_by(function: Scope) -> set[str]:
+def _kept_by(function: Scope, v: Values) -> set[str]:
     """The ``self.x`` attributes and globals a function assigns or appends to."""
     kept = set()
-    for node in _statements(function):
+    for node in v.statements(function):
         if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
             targets = (
                 [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
@@ -325,52 +407,57 @@ def _loop_targets(
             yield key, why
 
 
-def _statements(scope: Scope) -> list[cst.CSTNode]:
-    """The assignments, loops and calls of ``scope`` itself, in source order."""
-    found: list[cst.CSTNode] = []
-
-    class _Facts(Visitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            found.append(node)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            found.append(node)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            found.append(node)
-
-        def visit_For(self, node: cst.For) -> None:
-            found.append(node)
-
-        def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is scope.node
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-    walk(scope.node, _Facts())
+def _statements(a: Analysis) -> dict[int, list[cst.CSTNode]]:
+    """The assignments, ``for`` loops and calls (of the file's functions, or that append to
+    something) of every function and the module, by scope, from what the analysis recorded."""
+    found: dict[int, list[cst.CSTNode]] = {}
+    loops = [(lp.node, lp.scope) for lp in a.loops if isinstance(lp.node, cst.For)]
+    calls = [
+        (call, scope)
+        for call, scope in a.calls
+        if callee_name(call) in _MUTATORS or a.callee(call) is not None
+    ]
+    for node, scope in (*a.assignments, *loops, *calls):
+        found.setdefault(id(scope.node), []).append(node)
+    # In source order (the analysis met nodes in it): values flow forward, so a pass in that
+    # order reaches the fixpoint in fewer rounds.
+    order = {key: i for i, key in enumerate(a.scope_of)}
+    for bucket in found.values():
+        bucket.sort(key=lambda node: order[id(node)])
     return found
 
 
 def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
     """What makes ``expr`` differ between processes, or None when it is equal on all."""
-    if _is_shape(expr) and not (isinstance(expr, cst.Call) and a.callee(expr)):
+    key = (id(scope.node), id(expr))
+    known = v.memo.get(key)
+    # What differs stays different as the taint grows; "equal" holds only for the taint it saw.
+    if known is not None and (known[0] is not None or known[1] == len(v.taint)):
+        return known[0]
+    why = _read(a, scope, expr, v)
+    v.memo[key] = (why, len(v.taint))
+    return why
+
+
+_LEAVES = (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis)
+
+
+def _read(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
+    if isinstance(expr, _LEAVES):
+        return None
+    callee = v.callee(a, expr) if isinstance(expr, cst.Call) else None
+    if _is_shape(expr) and callee is None:
         # a random tensor's or an evened batch's size is equal everywhere
-        inner = _reads(a, scope, _shaped(expr), v)
+        inner = _reads(a, scope, _shaped(expr), v)  # type: ignore[arg-type]
         return None if inner in _VALUES_ONLY else inner
     if isinstance(expr, cst.Call):
-        name = callee_name(expr)
-        if name in _SHARED:
+        if callee_name(expr) in _SHARED:
             return None
-        why = _source(a, expr, v.seeded)
+        why = v.source(a, expr)
         if why is not None:
             return why
-        callee = a.callee(expr)
         if callee is not None:
-            for ret in returns(callee):
+            for ret in v.returns(callee):
                 if ret.value is not None and (w := _reads(a, callee, ret.value, v)) is not None:
                     return w
     key = key_of(expr) if isinstance(expr, cst.BaseExpression) else None
@@ -384,11 +471,12 @@ def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | Non
             return _RANK
         if isinstance(expr, cst.Name) or key.startswith("self."):
             return None
-    if isinstance(expr, cst.Attribute) and expr.attr.value in _RANK_ATTRIBUTES:
-        return _RANK
-    if isinstance(expr, cst.Attribute) and (owner := _instance_of(a, scope, expr.value)):
-        found = v.taint.get((id(owner), f"self.{expr.attr.value}"))  # ``dqn.memory_counter``
-        if found is not None:
+    if isinstance(expr, cst.Attribute):
+        if expr.attr.value in _RANK_ATTRIBUTES:
+            return _RANK
+        owner = v.instance_of(a, scope, expr.value)
+        found = v.taint.get((id(owner), f"self.{expr.attr.value}")) if owner else None
+        if found is not None:  # ``dqn.memory_counter``: what the class's methods keep
             return found
     if isinstance(expr, cst.Lambda | cst.FunctionDef):
         return None
@@ -397,15 +485,6 @@ def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | Non
         if why is not None:
             return why
     return None
-
-
-def _instance_of(a: Analysis, scope: Scope, value: cst.BaseExpression) -> cst.ClassDef | None:
-    """The class of this file that ``value`` (a name) is an instance of, when it is known."""
-    key = key_of(value)
-    name = a.instance_class(scope, key) if key is not None else None
-    methods = a.methods.get(name or "")
-    first = next(iter(methods.values()), None) if methods else None
-    return first.cls if first is not None else None
 
 
 def _is_shape(expr: cst.CSTNode) -> bool:

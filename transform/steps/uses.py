@@ -92,10 +92,13 @@ def _references(a: Analysis, setup: Setup, roles: dict[str, Role]) -> Iterator[_
     finder = _Loads()
     walk(a.module, finder)
     cache: dict[tuple[int, str], set[str]] = {}
+    # Only these names can stand for a prepared object: its own name, a parameter it is passed
+    # to, a ``self`` attribute it is stored in.
+    possible = set(roles) | {p for s in a.scopes for p in s.params}
     for node in finder.found:
         scope = a.scope_of.get(id(node))
         key = key_of(node)
-        if scope is None or key is None:
+        if scope is None or key is None or (key not in possible and not key.startswith("self.")):
             continue
         found = cache.get((id(scope), key))
         if found is None:
