@@ -52,6 +52,14 @@ def _shuffle(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
         name = arg.keyword.value if arg.keyword is not None else None
         if name == "shuffle" or (name in _SHARD and kind_of(r, arg.value) is not None):
             continue
+        if name in _SHARD:
+            code = r.analysis.module.code_for_node(arg.value)
+            raise r.refuse(
+                call,
+                f"this DistributedSampler's {name}={code} is not one accel-convert recognises as "
+                "the process's own (a prepared loader shards by the accelerator's), so it cannot "
+                "show the shards stay the same",
+            )
         raise r.refuse(
             call,
             f"this DistributedSampler's {name or 'positional'} argument has no equivalent in a "
