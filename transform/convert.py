@@ -251,8 +251,20 @@ def _explain_no_setup(plan: Plan) -> None:
 
 def _explain_hidden_step(plan: Plan) -> None:
     """No ``.backward()`` in the file, but a loop hands an optimizer to a call this file does not
-    show (timm's ``loss_scaler(loss, optimizer, ...)``): the training step runs in there."""
+    show (timm's ``loss_scaler(loss, optimizer, ...)``), or a class extends another package's
+    trainer (detectron2's ``DefaultTrainer``): the training step runs in there."""
     a: Analysis = plan.analysis
+    for cls in nodes(a.module, cst.ClassDef):
+        for base in cls.bases:  # type: ignore[attr-defined]
+            qualified = a.names.qualify(base.value)
+            if qualified and qualified.rsplit(".", 1)[-1].endswith("Trainer"):
+                plan.info(
+                    cls,
+                    f"left unchanged: {cls.name.value} trains through {qualified}, whose "  # type: ignore[attr-defined]
+                    "training step this file does not show; distribute it the way that "
+                    "library does",
+                )
+                return
     for call, scope in a.calls:
         if a.callee(call) is not None or callee_name(call) in READERS or not _in_loop(a, call):
             continue
