@@ -17,7 +17,7 @@ from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.neighbours import fetching_imports
-from accelify.transform.patterns import PREFIX, Role, callee_name, method_call
+from accelify.transform.patterns import PREFIX, Role, callee_name, dotted_name, method_call
 from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
@@ -268,12 +268,11 @@ def _explain_hidden_step(plan: Plan) -> None:
     for call, scope in a.calls:
         if a.callee(call) is not None or callee_name(call) in READERS or not _in_loop(a, call):
             continue
-        handed = [
-            key
-            for arg in call.args
-            if (key := key_of(arg.value)) is not None and a.role(scope, key) is Role.OPTIMIZER
-        ]
-        if handed and method_call(call, "step") is None:
+        keys = [key_of(arg.value) or "" for arg in call.args]
+        handed = [key for key in keys if a.role(scope, key) is Role.OPTIMIZER]
+        # ``loss_scaler(loss, optimizer, ...)``: handed the loss too, so it runs the backward.
+        with_loss = any("loss" in key for key in keys)
+        if handed and with_loss and method_call(call, "step") is None:
             name = a.module.code_for_node(call.func)
             plan.info(  # nothing here for the linter to flag: the step itself is not here
                 call,
@@ -303,8 +302,14 @@ def _no_optimizer(a: Analysis) -> str:
     """Why a backward with no optimizer the analysis knows is left alone, in the words of what
     the file does: an optimizer it cannot follow steps, parameters are updated by hand, or
     nothing is updated at all (gradients computed for their own sake)."""
-    for call, _scope in a.calls:
-        if method_call(call, "step") is not None and not call.args:
+    backward, scope, _loop = a.backward_calls[0]
+    after = a.line(backward)
+    for call, where in a.calls:
+        stepped = method_call(call, "step")
+        receiver = dotted_name(stepped.func.value) if stepped is not None else None  # type: ignore[union-attr]
+        if receiver is None or where is not scope or a.line(call) < after:
+            continue  # the step that follows the backward: not a scheduler's, a sampler's
+        if "sched" not in receiver.lower():
             return (
                 f"the optimizer that steps here ({a.module.code_for_node(call)}, line "
                 f"{a.line(call)}) is not one accel-convert can follow (built in a list or a "
