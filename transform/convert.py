@@ -254,13 +254,14 @@ def _explain_hidden_step(plan: Plan) -> None:
     show (timm's ``loss_scaler(loss, optimizer, ...)``), or a class extends another package's
     trainer (detectron2's ``DefaultTrainer``): the training step runs in there."""
     a: Analysis = plan.analysis
-    for cls in nodes(a.module, cst.ClassDef):
-        for base in cls.bases:  # type: ignore[attr-defined]
+    classes = {id(s.cls): s.cls for s in a.scopes if s.cls is not None}
+    for cls in classes.values():
+        for base in cls.bases:
             qualified = a.names.qualify(base.value)
             if qualified and qualified.rsplit(".", 1)[-1].endswith("Trainer"):
                 plan.info(
                     cls,
-                    f"left unchanged: {cls.name.value} trains through {qualified}, whose "  # type: ignore[attr-defined]
+                    f"left unchanged: {cls.name.value} trains through {qualified}, whose "
                     "training step this file does not show; distribute it the way that "
                     "library does",
                 )

@@ -65,8 +65,7 @@ class Values:
     # (owner, key) -> what makes the value differ between processes
     taint: dict[tuple[int, str], str] = field(default_factory=dict)
     _loop_bound: dict[int, set[str]] = field(default_factory=dict)
-    # (scope, node) -> _reads' answer, and the size of the taint it was given for
-    memo: dict[tuple[int, int], tuple[str | None, int]] = field(default_factory=dict)
+    deps: dict[tuple[int, int], _Deps] = field(default_factory=dict)  # (scope, expression)
     leaving: dict[int, list[cst.CSTNode]] = field(default_factory=dict)  # loop -> its exits
     grown: set[int] = field(default_factory=set)  # owners whose taint grew in this pass
     # What does not change while the taint spreads, asked for again and again.
@@ -412,10 +411,12 @@ def _statements(a: Analysis) -> dict[int, list[cst.CSTNode]]:
     something) of every function and the module, by scope, from what the analysis recorded."""
     found: dict[int, list[cst.CSTNode]] = {}
     loops = [(lp.node, lp.scope) for lp in a.loops if isinstance(lp.node, cst.For)]
+    defined = set(a.functions) | set(a.methods) | {m for ms in a.methods.values() for m in ms}
     calls = [
         (call, scope)
         for call, scope in a.calls
-        if callee_name(call) in _MUTATORS or a.callee(call) is not None
+        if (name := callee_name(call)) in _MUTATORS
+        or (name in defined and a.callee(call) is not None)
     ]
     for node, scope in (*a.assignments, *loops, *calls):
         found.setdefault(id(scope.node), []).append(node)
@@ -427,64 +428,120 @@ def _statements(a: Analysis) -> dict[int, list[cst.CSTNode]]:
     return found
 
 
+@dataclass(frozen=True)
+class _Deps:
+    """What an expression's value depends on, read once: the taint is then looked up, not
+    walked, at every pass of the spread."""
+
+    fixed: str | None  # a source in it: the clock, the rank, an unseeded draw
+    names: tuple[str, ...]  # names and ``self.x`` it reads
+    sized: tuple[str, ...]  # names it reads only through a size (``len(x)``, ``x.shape``)
+    attributes: tuple[tuple[int, str], ...]  # (class, ``self.x``) of an instance's attribute
+    calls: tuple[Scope, ...]  # same-file functions whose results it reads
+
+
 def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
     """What makes ``expr`` differ between processes, or None when it is equal on all."""
+    return _evaluate(a, scope, _deps(a, scope, expr, v), v, set())
+
+
+def _deps(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> _Deps:
     key = (id(scope.node), id(expr))
-    known = v.memo.get(key)
-    # What differs stays different as the taint grows; "equal" holds only for the taint it saw.
-    if known is not None and (known[0] is not None or known[1] == len(v.taint)):
-        return known[0]
-    why = _read(a, scope, expr, v)
-    v.memo[key] = (why, len(v.taint))
-    return why
+    found = v.deps.get(key)
+    if found is None:
+        collected = _Collected()
+        _collect(a, scope, expr, v, collected, sized=False)
+        found = v.deps[key] = collected.freeze()
+    return found
 
 
-_LEAVES = (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis)
+@dataclass
+class _Collected:
+    fixed: str | None = None
+    names: list[str] = field(default_factory=list)
+    sized: list[str] = field(default_factory=list)
+    attributes: list[tuple[int, str]] = field(default_factory=list)
+    calls: list[Scope] = field(default_factory=list)
+
+    def freeze(self) -> _Deps:
+        return _Deps(
+            self.fixed,
+            tuple(dict.fromkeys(self.names)),
+            tuple(dict.fromkeys(self.sized)),
+            tuple(dict.fromkeys(self.attributes)),
+            tuple(dict.fromkeys(self.calls)),
+        )
 
 
-def _read(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
-    if isinstance(expr, _LEAVES):
-        return None
+def _collect(
+    a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values, out: _Collected, *, sized: bool
+) -> None:
+    if isinstance(expr, (*_LEAVES, cst.Lambda, cst.FunctionDef)):
+        return
     callee = v.callee(a, expr) if isinstance(expr, cst.Call) else None
     if _is_shape(expr) and callee is None:
         # a random tensor's or an evened batch's size is equal everywhere
-        inner = _reads(a, scope, _shaped(expr), v)  # type: ignore[arg-type]
-        return None if inner in _VALUES_ONLY else inner
+        _collect(a, scope, _shaped(expr), v, out, sized=True)  # type: ignore[arg-type]
+        return
     if isinstance(expr, cst.Call):
         if callee_name(expr) in _SHARED:
-            return None
+            return
         why = v.source(a, expr)
-        if why is not None:
-            return why
+        if why is not None and not (sized and why in _VALUES_ONLY):
+            out.fixed = out.fixed or why
         if callee is not None:
-            for ret in v.returns(callee):
-                if ret.value is not None and (w := _reads(a, callee, ret.value, v)) is not None:
-                    return w
+            out.calls.append(callee)
     key = key_of(expr) if isinstance(expr, cst.BaseExpression) else None
     if key is not None:
-        found = v.taint.get((a.owner(scope, key), key))
-        if found is None and a.reads_global(scope, key) and key not in v.loop_bound(scope):
-            found = v.taint.get((a.owner(a.scopes[0], key), key))
-        if found is not None:
-            return found
+        (out.sized if sized else out.names).append(key)
         if key in RANK_NAMES:
-            return _RANK
+            out.fixed = out.fixed or _RANK
         if isinstance(expr, cst.Name) or key.startswith("self."):
-            return None
+            return
     if isinstance(expr, cst.Attribute):
         if expr.attr.value in _RANK_ATTRIBUTES:
-            return _RANK
+            out.fixed = out.fixed or _RANK
         owner = v.instance_of(a, scope, expr.value)
-        found = v.taint.get((id(owner), f"self.{expr.attr.value}")) if owner else None
-        if found is not None:  # ``dqn.memory_counter``: what the class's methods keep
-            return found
-    if isinstance(expr, cst.Lambda | cst.FunctionDef):
-        return None
+        if owner is not None:  # ``dqn.memory_counter``: what the class's methods keep
+            out.attributes.append((id(owner), f"self.{expr.attr.value}"))
     for child in children(expr):
-        why = _reads(a, scope, child, v)
-        if why is not None:
-            return why
+        _collect(a, scope, child, v, out, sized=sized)
+
+
+def _evaluate(a: Analysis, scope: Scope, deps: _Deps, v: Values, seen: set[int]) -> str | None:
+    for key in deps.names:
+        found = _tainted(a, scope, key, v)
+        if found is not None:
+            return found
+    for key in deps.sized:
+        found = _tainted(a, scope, key, v)
+        if found not in _VALUES_ONLY:
+            return found
+    for place in deps.attributes:
+        if place in v.taint:
+            return v.taint[place]
+    if deps.fixed is not None:
+        return deps.fixed
+    for callee in deps.calls:
+        if id(callee.node) in seen:
+            continue
+        seen.add(id(callee.node))
+        for ret in v.returns(callee):
+            if ret.value is not None:
+                found = _evaluate(a, callee, _deps(a, callee, ret.value, v), v, seen)
+                if found is not None:
+                    return found
     return None
+
+
+def _tainted(a: Analysis, scope: Scope, key: str, v: Values) -> str | None:
+    found = v.taint.get((a.owner(scope, key), key))
+    if found is None and a.reads_global(scope, key) and key not in v.loop_bound(scope):
+        found = v.taint.get((a.owner(a.scopes[0], key), key))
+    return found
+
+
+_LEAVES = (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis)
 
 
 def _is_shape(expr: cst.CSTNode) -> bool:
