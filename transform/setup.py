@@ -35,10 +35,11 @@ from accelify.transform.patterns import (
     callee_name,
     constructor_role,
     dotted_name,
+    keyword_arg,
     method_call,
     target_names,
 )
-from accelify.transform.walk import nodes
+from accelify.transform.walk import children, nodes
 
 ACCELERATOR = "accelerator"
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -263,6 +264,52 @@ def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
     for b in a.bindings:
         if b.scope in setup.reach and b.in_loop and a.role(b.scope, b.key) is Role.OPTIMIZER:
             raise Refused(b.node, f"optimizer {b.key} is created inside a loop")
+    _refuse_second_backward(a, setup)
+
+
+def _refuse_second_backward(a: Analysis, setup: Setup) -> None:
+    """``l1.backward(retain_graph=True)`` then ``l2.backward()`` through the same forward of a
+    model: DDP averages gradients in the first backward after each forward only."""
+    backwards = [(c, w) for c, w, _loop in a.backward_calls if w in setup.reach]
+    for call, where in backwards:
+        kept = keyword_arg(call, "retain_graph")
+        if kept is None or dotted_name(kept.value) == "False":
+            continue
+        first = _forwards(a, where, call.func.value, 0)  # type: ignore[attr-defined]
+        later = [
+            c for c, w in backwards if w is where and a.line(c) > a.line(call) and c is not call
+        ]
+        again = set().union(*(_forwards(a, where, c.func.value, 0) for c in later))  # type: ignore[attr-defined]
+        shared = {key for key, forward in first & again if a.role(where, key) is Role.MODEL}
+        if shared:
+            raise Refused(
+                call,
+                f"a later backward goes through the same forward of {', '.join(sorted(shared))} "
+                "(retain_graph): DistributedDataParallel averages gradients only in the first "
+                "backward after each forward, so the second one's would stay per process",
+            )
+
+
+def _forwards(a: Analysis, scope: Scope, expr: cst.CSTNode, depth: int) -> set[tuple[str, int]]:
+    """The calls (``model(x)``, ``D(G(z))``: the name and the call) that what ``expr`` is
+    computed from goes through, following the scope's assignments, not past a ``.detach()``."""
+    if depth > 8 or method_call(expr, "detach") is not None:
+        return set()
+    found: set[tuple[str, int]] = set()
+    if isinstance(expr, cst.Call) and (key := key_of(expr.func)) is not None:
+        found.add((key, id(expr)))
+    if isinstance(expr, cst.Name):
+        for node, where in a.assignments:
+            if (
+                where is scope
+                and isinstance(node, cst.Assign)
+                and any(expr.value in target_names(t.target) for t in node.targets)
+            ):
+                found |= _forwards(a, scope, node.value, depth + 1)
+        return found
+    for child in children(expr):
+        found |= _forwards(a, scope, child, depth)
+    return found
 
 
 # several optimizers ----------------------------------------------------------------------------

@@ -173,3 +173,19 @@ def test_target_accelerate_reads_the_rank_with_the_accelerators_cpu_choice(tmp_p
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(f.read_text() for f in tmp_path.glob("world-*.txt")) == ["2", "2"]
+
+
+@pytest.mark.slow
+def test_refused_second_backward_would_let_replicas_drift(tmp_path: Path, monkeypatch) -> None:
+    """Two backwards through one forward: without the refusal, the second pass's gradients are
+    not averaged and the replicas part."""
+    import accelify.transform.setup as setup_module
+
+    source = (SOUND / "second_backward_same_forward.in.py").read_text()
+    source = source.replace("torch.randn(8, 2)", "torch.randn(64, 2)")  # a few steps per rank
+    assert not convert(source).changed
+    monkeypatch.setattr(setup_module, "_refuse_second_backward", lambda a, setup: None)
+    result = _run_two(convert(source).code, "model", tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    weights = _weights(result)
+    assert set(weights) == {"0", "1"} and weights["0"] != weights["1"]
