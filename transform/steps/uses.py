@@ -81,10 +81,33 @@ def uses(plan: Plan) -> None:
         return
     a = plan.analysis
     roles = {b.key: a.role(setup.scope, b.key) for b in setup.prepared}
+    _refuse_batches_to_numpy(a, setup)
     for use in _references(a, setup, roles):  # type: ignore[arg-type]
         why = _unaccounted(a, setup, use)
         if why is not None:
             raise Refused(why[0], why[1])
+
+
+def _refuse_batches_to_numpy(a: Analysis, setup: Setup) -> None:
+    """``labels.numpy()`` on a batch of a prepared loader: the script's batch was on the CPU, the
+    prepared loader's is on the accelerator's device, where ``.numpy()`` raises."""
+    for loop in a.loops:
+        walked = {*loop.iterables, loop.iterable}
+        if not walked & setup.loaders or loop.scope not in setup.reach:
+            continue
+        for node, scope in a.attributes:
+            if (
+                node.attr.value == "numpy"
+                and scope is loop.scope
+                and key_of(node.value) in loop.batch_names
+                and a.contains(loop.node, node)
+            ):
+                raise Refused(
+                    node,
+                    f"{key_of(node.value)}.numpy() reads a batch of the prepared loader, which "
+                    "comes on the accelerator's device (a GPU's tensors have no .numpy()); "
+                    "move it with .cpu() first, by hand",
+                )
 
 
 # where the prepared objects are referred to ---------------------------------------------------
