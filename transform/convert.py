@@ -266,6 +266,16 @@ def _explain_hidden_step(plan: Plan) -> None:
                     "library does",
                 )
                 return
+    for call, _scope in a.calls:
+        name = callee_name(call) or ""
+        launches = (name in {"train", "fit", "run_loop"} and call.args) or "TrainLoop" in name
+        if launches and a.callee(call) is None:  # Zeleni9's model.train(loader), TrainLoop(...)
+            plan.info(
+                call,
+                f"left unchanged: training runs inside {a.module.code_for_node(call.func)}(...), "
+                "which this file does not show; convert the code that trains",
+            )
+            return
     for call, scope in a.calls:
         if a.callee(call) is not None or callee_name(call) in READERS or not _in_loop(a, call):
             continue

@@ -19,8 +19,15 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes
-from accelify.transform.patterns import PREFIX, Role, callee_name, constructor_role, dotted_name
+from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes, names_in
+from accelify.transform.patterns import (
+    PREFIX,
+    Role,
+    callee_name,
+    constructor_role,
+    dotted_name,
+    method_call,
+)
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, Setup, in_training_step, origins
 from accelify.transform.steps.unwrap import MODULE_API
@@ -82,10 +89,28 @@ def uses(plan: Plan) -> None:
     a = plan.analysis
     roles = {b.key: a.role(setup.scope, b.key) for b in setup.prepared}
     _refuse_batches_to_numpy(a, setup)
+    _refuse_fixed_gpus(a, setup)
     for use in _references(a, setup, roles):  # type: ignore[arg-type]
         why = _unaccounted(a, setup, use)
         if why is not None:
             raise Refused(why[0], why[1])
+
+
+def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
+    """``x.cuda(self.cuda_index)``: a tensor put on one fixed GPU, while the accelerator gives
+    each process its own device (and chooses the GPU itself, whatever switch guards this)."""
+    for call, scope in a.calls:
+        if scope not in setup.reach or method_call(call, "cuda") is None or not call.args:
+            continue
+        index = call.args[0].value
+        if any(n.value.startswith(PREFIX) for n in names_in(index)):
+            continue  # a rank the DDP rewrite made the accelerator's device
+        raise Refused(
+            call,
+            f".cuda({a.module.code_for_node(index)}) puts this on one fixed GPU, while the "
+            "accelerator gives each process its own device and decides itself whether to use "
+            "one: they would meet on different devices; move it to accelerator.device by hand",
+        )
 
 
 def _refuse_batches_to_numpy(a: Analysis, setup: Setup) -> None:
