@@ -23,7 +23,6 @@ from accelify.transform.analysis import (
     attribute_links,
     call_links,
     key_of,
-    name_nodes,
     optimized_models,
     returned_values,
     returns,
@@ -743,12 +742,6 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
         raise Refused(block, "the training objects are built inside a loop")
     for b in setup.prepared:
         free = not any(x.scope is setup.scope and x.key == b.key for x in a.bindings)
-        if free and _unbound(a, b.key):
-            raise Refused(
-                next(iter(name_nodes(a.module, b.key)), b.node),
-                f"{b.key} is never bound in this file (the script as written fails there with "
-                "a NameError); prepare() cannot take it",
-            )
         if not free and not timeline.assigned_at(point, b.key):  # a free name: the snippet's
             raise Refused(
                 b.node,
@@ -821,13 +814,3 @@ def _loop_bound(a: Analysis, scope: Scope) -> set[str]:
         if a.scope_of.get(id(loop)) is scope
         for key in target_names(loop.target)  # type: ignore[attr-defined]
     }
-
-
-def _unbound(a: Analysis, key: str) -> bool:
-    """A name no scope of the file binds, imports or takes as a parameter: a NameError where it
-    is read (``for x in mnist_loader`` with no ``mnist_loader`` anywhere)."""
-    if key.startswith("self.") or key in a.names.imports or key in a.names.defined:
-        return False
-    if any(b.key == key for b in a.bindings) or any(key in s.params for s in a.scopes):
-        return False
-    return not any(key in _loop_bound(a, s) for s in a.scopes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ from .conftest import CASES_DIR
 pytest.importorskip("torch")
 
 SOUND = CASES_DIR / "sound"
+# Seconds a two-process run may take before it counts as hung (each run takes a few seconds).
+HANG = 180
 BIN = Path(sys.executable).parent
 # Written by every rank at the end: the sum of its model's weights, in full precision.
 PROBE = """
@@ -60,10 +63,18 @@ def _run_two(code: str, model: str, tmp_path: Path) -> subprocess.CompletedProce
         code += probe
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK"))}
-    return subprocess.run(
-        [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(script)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False,
+    command = [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(script)]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
     )  # fmt: skip
+    try:
+        out, err = process.communicate(timeout=HANG)
+    except subprocess.TimeoutExpired:  # a process waits for another in the all-reduce: a hang
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        return subprocess.CompletedProcess(command, -signal.SIGKILL, out, err + "\n(hung)")
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def _weights(result: subprocess.CompletedProcess[str]) -> dict[str, float]:
