@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 
 SOUND = CASES_DIR / "sound"
 # Seconds a two-process run may take before it counts as hung (each run takes a few seconds).
-HANG = 180
+HANG = 90
 BIN = Path(sys.executable).parent
 # Written by every rank at the end: the sum of its model's weights, in full precision.
 PROBE = """
