@@ -140,6 +140,8 @@ def lockstep(plan: Plan) -> None:
             if isinstance(control, cst.For) and _walks_loader(a, control):
                 continue  # as many batches everywhere: a loader's length is its data's size
             why = _reads(a, a.scope_of[id(test)], test, v)
+            if isinstance(control, cst.For) and why in _VALUES_ONLY and not _counts(control):
+                continue  # how often a loop runs over a value is its size, not its values
             if why is not None:
                 raise Refused(control, _reason(a, control, test, why))
 
@@ -358,13 +360,21 @@ def _decided_apart(
 ) -> str | None:
     """What makes ``control`` run its body differently on each process: its test or iterable,
     or for a loop, a ``break``/``continue``/``return`` decided apart."""
-    if isinstance(control, cst.For) and _walks_loader(a, control):
-        deciders: list[cst.CSTNode] = []
+    if isinstance(control, cst.For):
+        # How often a loop runs over a value is its size (a random tensor's is fixed).
+        counted = None if _walks_loader(a, control) else _reads(a, scope, control.iter, v)
+        found = None if counted in _VALUES_ONLY and not _counts(control) else counted
     else:
-        deciders = [_decider(control)]
-    if not isinstance(control, cst.If):
-        deciders += [test for _leave, test in _exits(a, control, v)]
-    return next((w for d in deciders if (w := _reads(a, scope, d, v)) is not None), None)
+        found = _reads(a, scope, control.test, v)
+    if found is not None or isinstance(control, cst.If):
+        return found
+    exits = (_reads(a, scope, test, v) for _leave, test in _exits(a, control, v))
+    return next((w for w in exits if w is not None), None)
+
+
+def _counts(loop: cst.For) -> bool:
+    """``for _ in range(n)``: the value itself is how often the loop runs."""
+    return isinstance(loop.iter, cst.Call) and callee_name(loop.iter) == "range"
 
 
 def _kept_by(function: Scope, v: Values) -> set[str]:
