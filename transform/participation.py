@@ -2,18 +2,21 @@
 
 DistributedDataParallel reduces gradients bucket by bucket and waits for every parameter it
 wraps; a parameter that gets no gradient in a step (the auxiliary head of ``validity, _ = D(x)``,
-InfoGAN's code head in the generator's step) stops it with "Expected to have finished reduction
-in the prior iteration" at the next one, unless it was told to look for unused parameters.
+InfoGAN's code head in the generator's step, a head the file's model class builds and its
+``forward`` never calls) stops it with "Expected to have finished reduction in the prior
+iteration" at the next one, unless it was told to look for unused parameters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, key_of, name_nodes, unwrap_moves
+from accelify.transform.patterns import dotted_name
 from accelify.transform.setup import Setup, in_training_step, origins
+from accelify.transform.walk import nodes
 
 
 def partly_used(a: Analysis, setup: Setup) -> dict[str, cst.Call]:
@@ -71,3 +74,83 @@ def _read(a: Analysis, scope: cst.CSTNode, name: str) -> bool:
     if name.startswith("_"):
         return False
     return len(name_nodes(scope, name)) > 1
+
+
+def idle_submodules(a: Analysis, setup: Setup) -> dict[str, cst.Attribute]:
+    """Prepared model -> a submodule its class (in this file) builds and nothing ever reads:
+    ``self.head = nn.Linear(...)`` in ``__init__``, with no other ``self.head`` or ``.head``
+    anywhere. A class that reaches its submodules by name or by iteration is left alone."""
+    found: dict[str, cst.Attribute] = {}
+    for b in setup.prepared:
+        value = unwrap_moves(b.value) if b.value is not None else None
+        if b.key not in setup.models(a) or not isinstance(value, cst.Call):
+            continue
+        idle = _idle_in(a, a.names.last_part(value.func) or "", set())
+        if idle is not None:
+            found[b.key] = idle
+    return found
+
+
+def _idle_in(a: Analysis, cls: str, seen: set[str]) -> cst.Attribute | None:
+    methods: Mapping = a.methods.get(cls, {})
+    init = methods.get("__init__")
+    if cls in seen or init is None or _dynamic(a, cls):
+        return None
+    seen.add(cls)
+    for stmt in init.body:
+        built = _built_submodule(a, stmt)
+        if built is None:
+            continue
+        target, kind = built
+        if _reads(a, target.attr.value) == 0:
+            return target
+        if kind in a.methods and (inner := _idle_in(a, kind, seen)) is not None:
+            return inner
+    return None
+
+
+def _built_submodule(a: Analysis, stmt: cst.CSTNode) -> tuple[cst.Attribute, str] | None:
+    """``self.x = SomeModule(...)`` -> (``self.x``, ``SomeModule``), for torch.nn's classes and
+    the file's own model classes."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    target = assign.targets[0].target if len(assign.targets) == 1 else None
+    if not (
+        isinstance(target, cst.Attribute)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == "self"
+        and isinstance(assign.value, cst.Call)
+    ):
+        return None
+    kind = a.names.last_part(assign.value.func) or ""
+    dotted = dotted_name(assign.value.func) or ""
+    from_nn = dotted.startswith(("nn.", "torch.nn.")) and kind[:1].isupper()
+    return (target, kind) if from_nn or kind in a.model_classes else None
+
+
+def _reads(a: Analysis, attr: str) -> int:
+    """How many times ``.attr`` is read (not assigned) in the file."""
+    stores = {
+        id(target.target)
+        for assign, _ in a.assignments
+        if isinstance(assign, cst.Assign)
+        for target in assign.targets
+    }
+    found = nodes(a.module, cst.Attribute)
+    return sum(n.attr.value == attr and id(n) not in stores for n in found)  # type: ignore[attr-defined]
+
+
+# Ways a module reaches its submodules without naming them.
+_BY_ITERATION = frozenset(
+    {"children", "named_children", "modules", "named_modules", "_modules", "__dict__"}
+)
+
+
+def _dynamic(a: Analysis, cls: str) -> bool:
+    for scope in a.methods.get(cls, {}).values():
+        if any(n.attr.value in _BY_ITERATION for n in nodes(scope.node, cst.Attribute)):  # type: ignore[attr-defined]
+            return True
+        if any(dotted_name(n.func) in {"getattr", "vars"} for n in nodes(scope.node, cst.Call)):  # type: ignore[attr-defined]
+            return True
+    return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
-from accelify.transform.participation import partly_used
+from accelify.transform.participation import idle_submodules, partly_used
 from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
@@ -59,8 +59,9 @@ def prepare(plan: Plan) -> None:
             "prepare() shards it if it is a torch DataLoader",
         )
     discarded = partly_used(plan.analysis, setup)
-    if setup.partly_trained or discarded:
-        _unused_parameters(plan, sorted(setup.partly_trained), discarded)
+    idle = idle_submodules(plan.analysis, setup)
+    if setup.partly_trained or discarded or idle:
+        _unused_parameters(plan, sorted(setup.partly_trained), discarded, idle)
     by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
     for node, reason in setup.unsharded:
         if by_rank:  # as accel-lint's ACL211, which stays quiet there
@@ -87,10 +88,16 @@ def _reads_rank(a: Analysis) -> bool:
     )
 
 
-def _unused_parameters(plan: Plan, models: list[str], discarded: dict[str, cst.Call]) -> None:
-    """The optimizer trains part of a model (``encoder.fc.parameters()``), or a training step
-    discards some of a model's outputs (``validity, _ = D(x)``): some parameters may get no
-    gradient, which DistributedDataParallel stops on unless it is told to expect it."""
+def _unused_parameters(
+    plan: Plan,
+    models: list[str],
+    discarded: dict[str, cst.Call],
+    idle: dict[str, cst.Attribute],
+) -> None:
+    """The optimizer trains part of a model (``encoder.fc.parameters()``), a training step
+    discards some of a model's outputs (``validity, _ = D(x)``), or a model's class builds a
+    submodule nothing calls: some parameters get no gradient, which DistributedDataParallel
+    stops on unless it is told to expect it."""
     handler = cst.parse_expression("[DistributedDataParallelKwargs(find_unused_parameters=True)]")
     plan.accelerator_kwargs["kwargs_handlers"] = handler
     plan.imports.add("DistributedDataParallelKwargs")
@@ -106,6 +113,12 @@ def _unused_parameters(plan: Plan, models: list[str], discarded: dict[str, cst.C
             call,
             f"this step discards some of {model}'s outputs, so parameters that only feed them "
             f"get no gradient here: {expect} (find_unused_parameters=True)",
+        )
+    for model, attribute in idle.items():
+        plan.changed(
+            attribute,
+            f"{model} builds {attribute.attr.value} here and nothing in this file uses it, so "
+            f"its parameters never get a gradient: {expect} (find_unused_parameters=True)",
         )
 
 
