@@ -287,18 +287,18 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, str]:
     return "", ""
 
 
-def _train_fetches(record: dict[str, Any]) -> list[tuple[int, int]]:
-    return [(p, i) for size, p, i in record["fetches"] if size == TRAIN_SIZE]
+def _train_fetches(record: dict[str, Any], train_size: int) -> list[tuple[int, int]]:
+    return [(p, i) for size, p, i in record["fetches"] if size == train_size]
 
 
-def _sharding(original: dict[str, Any], ranks: list[dict[str, Any]]) -> str:
+def _sharding(original: dict[str, Any], ranks: list[dict[str, Any]], train_size: int) -> str:
     """Why the ranks' training samples are not a partition of the original's ('' if they are)."""
-    r0, r1 = (_train_fetches(r) for r in ranks)
+    r0, r1 = (_train_fetches(r, train_size) for r in ranks)
     for p in sorted({p for p, _ in r0} & {p for p, _ in r1}):
         common = {i for q, i in r0 if q == p} & {i for q, i in r1 if q == p}
         if common:
             return f"pass {p}: both ranks fetched samples {sorted(common)[:8]}"
-    want = Counter(i for _, i in _train_fetches(original))
+    want = Counter(i for _, i in _train_fetches(original, train_size))
     got = Counter(i for _, i in r0) + Counter(i for _, i in r1)
     if want != got:
         missing, extra = want - got, got - want
@@ -321,11 +321,13 @@ def judge(
     stop_after: str = "",
     fork_two: bool = False,
     converter: Converter = convert,
+    train_size: int = TRAIN_SIZE,
 ) -> Verdict:
     """The verdict for one script (see the module docstring). The shrinker's shortcuts:
     ``stop_after="1p"`` ends it once the one-process checks pass, ``fork_two`` runs the
     two-process check with the zygote's forked ranks instead of accel-run. ``converter`` stands
-    in for ``convert`` (the notebook oracle converts the script as a notebook's cells)."""
+    in for ``convert`` (the notebook oracle converts the script as a notebook's cells);
+    ``train_size`` is the length of the dataset the script trains on (the generator's own)."""
     try:
         results = convert_both(source, name, converter)
     except SourceError as err:  # the output did not parse: the input always does
@@ -372,14 +374,14 @@ def judge(
         return verdict(CONVERTED)
 
     run = runner.two(results["accelify"].code, f"{name}_accelify", fork_two=fork_two)
-    decided = two_rank_verdict(original, run, notes, "2p")
+    decided = two_rank_verdict(original, run, notes, "2p", train_size)
     if decided:
         return verdict(*decided)
     return verdict(WITH_NOTES if results["accelify"].manual else CONVERTED)
 
 
 def two_rank_verdict(
-    original: Run, run: Run, notes: tuple[str, ...], check: str
+    original: Run, run: Run, notes: tuple[str, ...], check: str, train_size: int = TRAIN_SIZE
 ) -> tuple[str, str, str, str] | None:
     """What a two-rank ``run`` of a conversion decides against the one-process ``original``, as
     (category, failed check named after ``check``, detail, exception line): WRONG, or PARTIAL
@@ -391,10 +393,10 @@ def two_rank_verdict(
         return WRONG, f"{check}-ranks-differ", "the two ranks ended with different weights", ""
     if any(text in note for note in notes for text in NO_LOADER_REPORT):
         return PARTIAL, "", "reported: no DataLoader to shard", ""
-    if not _train_fetches(original.records[0]):
+    if not _train_fetches(original.records[0], train_size):
         why = "no DataLoader feeds the training loop, so both ranks train on all the data, and "
         return WRONG, f"{check}-unsharded", why + "the report does not say so", ""
-    why = _sharding(original.records[0], run.records)
+    why = _sharding(original.records[0], run.records, train_size)
     if why:
         return WRONG, f"{check}-sharding", why, ""
     return None
