@@ -386,8 +386,12 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
     if isinstance(call.func, cst.Attribute) and last in _STEPPERS:
         return None
     what = "bare" if use.bare else "prepared" if use.bare is False else ""
+    # A function of the file the analysis does not follow (one defined inside another).
+    unseen = (
+        "accel-convert does not follow" if name in a.names.defined else "this file does not show"
+    )
     return call, (
-        f"{use.key} is handed to {name or 'a call'}(...), which this file does not show: what "
+        f"{use.key} is handed to {name or 'a call'}(...), which {unseen}: what "
         f"it does with the {what + ' ' if what else ''}{_noun(use.role)} (keep, wrap or train "
         "it) cannot be checked"
     )
