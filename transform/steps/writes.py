@@ -3,8 +3,9 @@
 Every process runs the script, so ``save_image(...)``, ``plt.savefig(...)``, ``np.save(...)`` or a
 ``with open(path, "w")`` block would write the same file N times at once, interleaved, and
 ``os.remove``/``os.makedirs`` would race (one process removes what another just removed). Each goes
-under ``if accelerator.is_main_process:``. A dataset built with ``download=True`` (or a function of
-the script that downloads) goes under ``with accelerator.main_process_first():``: the main process
+under ``if accelerator.is_main_process:``. A dataset built with ``download=True``, a function of
+the script that downloads, or an imported one named for it (``snapshot_download(...)``,
+``nltk.download(...)``) goes under ``with accelerator.main_process_first():``: the main process
 downloads, the others then read what it wrote.
 
 A write that also runs the prepared model (``save_image(model(x), ...)``) is reported instead:
@@ -32,6 +33,7 @@ _LOGGERS = ("SummaryWriter", "Logger", "Writer")
 def writes(plan: Plan) -> None:
     if plan.setup is None:
         return
+    first: set[int] = set()  # the statements already going to the main process first
     for call, statement, how in side_effects(plan):
         if how == "fetches":
             plan.needs_human(
@@ -54,7 +56,7 @@ def writes(plan: Plan) -> None:
             )
             continue
         if how == "downloads":
-            _first(plan, statement, accelerator)
+            _first(plan, statement, accelerator, first)
             plan.changed(call, "downloads on the main process first (main_process_first)")
         else:
             _guard(plan, statement, accelerator)
@@ -83,9 +85,35 @@ def _guard(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpres
     _enclose(plan, statement, lambda body: cst.If(test=test, body=body))
 
 
-def _first(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
+def _first(
+    plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression, done: set[int]
+) -> None:
+    whole = _deciding_if(plan, statement)
+    if id(whole) in done:  # a second download under the same ``if``
+        return
+    done.add(id(whole))
     item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
-    _enclose(plan, statement, lambda body: cst.With(items=[item], body=body))
+    _enclose(plan, whole, lambda body: cst.With(items=[item], body=body))
+
+
+def _deciding_if(plan: Plan, statement: cst.BaseStatement) -> cst.BaseStatement:
+    """The outermost ``if`` deciding whether ``statement`` runs, else ``statement`` itself.
+
+    ``main_process_first()`` waits for every process: under ``if not os.path.exists(path):`` a
+    process testing after the main one started writing would skip the wait and leave the others
+    waiting for it, so the test goes inside too."""
+    a = plan.analysis
+    current = statement
+    while True:
+        block = a.parent(current)
+        owner = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.Else):
+            owner = a.parent(owner)
+        while isinstance(a.parent(owner), cst.If) and a.parent(owner).orelse is owner:  # type: ignore[union-attr]
+            owner = a.parent(owner)  # an ``elif``: the chain starts at the first ``if``
+        if not isinstance(owner, cst.If):
+            return current
+        current = owner
 
 
 def _enclose(
@@ -131,17 +159,27 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
 
 
 def _downloaded_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
-    """The line that downloads through ``call``: ``Dataset(..., download=True)``, or a function of
-    the script, or of a module beside it, that fetches files."""
+    """The line that downloads through ``call``: ``Dataset(..., download=True)``, a function of
+    the script, or of a module beside it, that fetches files, or an imported downloader."""
     a = plan.analysis
     name = dotted_name(call.func)
     local = a.functions.get(name) if name else None
+    qualified = a.names.qualify(call.func)
     downloads = (
         _download_flag(call)
         or (local is not None and _fetches(plan, local))
-        or a.names.qualify(call.func) in plan.fetching_imports
+        or qualified in plan.fetching_imports
+        or (qualified is not None and _named_download(qualified))
     )
     return _alone(plan, call) if downloads else None
+
+
+def _named_download(qualified: str) -> bool:
+    """An imported function whose name says it downloads (``huggingface_hub.snapshot_download``,
+    ``nltk.download``, ``gdown.download``); the fetches written out in the script are reported
+    instead (see ``FETCHES``)."""
+    last = qualified.rsplit(".", 1)[-1]
+    return "download" in last.lower() and last not in FETCHES
 
 
 def _fetches(plan: Plan, function: Scope) -> bool:
