@@ -5,6 +5,8 @@ converting it again would prepare prepared objects and divide divided losses, so
 is (accel-lint is the tool for it). A file that distributes itself (``init_process_group``, a DDP
 or FSDP wrapper under any alias, a ``DistributedSampler``, ``mp.spawn``, a model shared with
 worker processes) would end up distributed twice; it is left unchanged, with the first such line.
+A script that hands its model to ``transformers.Trainer`` (or trl's trainers) trains on Accelerate
+already: launched by accel-run or torchrun, the Trainer distributes itself.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ _ENGINES = {
     "horovod": "Horovod",
     "torch_xla": "torch_xla",
 }
+# Packages whose ``...Trainer`` classes run the training loop on Accelerate themselves.
+_TRAINER_PACKAGES = frozenset({"transformers", "trl", "setfit", "sentence_transformers"})
 # Calls of torch.distributed that do more than ask whether it is there.
 _DIST_QUERIES = frozenset(
     {"is_available", "is_initialized", "get_rank", "get_world_size", "is_torchelastic_launched"}
@@ -74,6 +78,9 @@ def file_verdict(a: Analysis, names: Names) -> Verdict | None:
             node = names.statements[local]
             return Verdict(node, f"{engine} already runs this training (imports {qualified})", True)
     for call, _scope in a.calls:
+        trainer = _library_trainer(call, names)
+        if trainer is not None:
+            return _trained_by(a, call, trainer)
         reason = _distributes(call, names)
         if reason is not None:
             return Verdict(
@@ -83,6 +90,32 @@ def file_verdict(a: Analysis, names: Names) -> Verdict | None:
                 skip=False,
             )
     return None
+
+
+def _library_trainer(call: cst.Call, names: Names) -> str | None:
+    """``transformers.Trainer``, ``Seq2SeqTrainer``, ``trl.SFTTrainer``, ... built here."""
+    qualified = names.qualify(call.func)
+    if qualified is None or qualified.split(".", 1)[0] not in _TRAINER_PACKAGES:
+        return None
+    return qualified if qualified.endswith("Trainer") else None
+
+
+def _trained_by(a: Analysis, call: cst.Call, trainer: str) -> Verdict:
+    if a.backward_calls:  # a loop of its own beside the Trainer's: which one runs is the script's
+        line = a.line(a.backward_calls[0][0])
+        return Verdict(
+            call,
+            f"left unchanged: the script trains through {trainer} and also by hand (line "
+            f"{line}); convert the hand-written loop by hand",
+            skip=False,
+        )
+    return Verdict(
+        call,
+        f"{trainer} already distributes this training (on Accelerate): launch the script with "
+        "accel-run; what the script writes outside it runs on every process, so guard that with "
+        "trainer.is_world_process_zero()",
+        skip=True,
+    )
 
 
 def _distributes(call: cst.Call, names: Names) -> str | None:
