@@ -86,7 +86,19 @@ def _add_parameter(plan: Plan, scope: Scope) -> None:
         changed = params.with_changes(params=_appended(params.params, new))
     plan.edits.replace(params, changed)
     name = f"{scope.cls.name.value}.{scope.name}" if scope.cls is not None else scope.name
-    plan.changed(node, f"{name}() now receives the accelerator")
+    elsewhere = ""
+    if _importable(scope):  # every call in this file passes it; one in a notebook cannot
+        called = scope.cls.name.value if scope.cls is not None else name
+        elsewhere = f": a call of {called}() in another file must pass accelerator= too"
+    plan.changed(node, f"{name}() now receives the accelerator{elsewhere}")
+
+
+def _importable(scope: Scope) -> bool:
+    """A public function or class of the module, which other files and notebooks may import."""
+    if scope.parent is None or not scope.parent.is_module:
+        return False
+    public = scope.cls.name.value if scope.cls is not None else scope.name
+    return not public.startswith("_") and public != "main"
 
 
 def _tight_equal() -> cst.AssignEqual:

@@ -19,14 +19,17 @@ from collections.abc import Callable, Iterator
 
 import libcst as cst
 
-from accelify.transform.analysis import Scope, key_of
+from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
-from accelify.transform.walk import Visitor, walk
+from accelify.transform.walk import Visitor, nodes, walk
 
 _WRITE_MODES = frozenset("wax")
+_DISK_TESTS = frozenset(
+    {"exists", "isdir", "isfile", "is_dir", "is_file", "listdir", "scandir", "iterdir", "glob"}
+)
 _LOGGERS = ("SummaryWriter", "Logger", "Writer")
 
 
@@ -89,7 +92,9 @@ def _first(
     plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression, done: set[int]
 ) -> None:
     whole = _deciding_if(plan, statement)
-    if id(whole) in done:  # a second download under the same ``if``
+    a = plan.analysis
+    around = {id(n) for n in _ancestors(a, whole)}
+    if id(whole) in done or around & done:  # a second download under the same ``if``
         return
     done.add(id(whole))
     item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
@@ -97,23 +102,46 @@ def _first(
 
 
 def _deciding_if(plan: Plan, statement: cst.BaseStatement) -> cst.BaseStatement:
-    """The outermost ``if`` deciding whether ``statement`` runs, else ``statement`` itself.
+    """The ``if`` that tests the disk before ``statement`` downloads, else ``statement`` itself.
 
     ``main_process_first()`` waits for every process: under ``if not os.path.exists(path):`` a
     process testing after the main one started writing would skip the wait and leave the others
-    waiting for it, so the test goes inside too."""
+    waiting for it, so that test goes inside too. An ``if`` on anything else (a flag, the
+    ``__main__`` guard) is the same on every process and stays outside, and so does one that
+    also loops (it may train: every process must run that together)."""
     a = plan.analysis
-    current = statement
-    while True:
-        block = a.parent(current)
-        owner = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
-        if isinstance(owner, cst.Else):
-            owner = a.parent(owner)
-        while isinstance(a.parent(owner), cst.If) and a.parent(owner).orelse is owner:  # type: ignore[union-attr]
-            owner = a.parent(owner)  # an ``elif``: the chain starts at the first ``if``
-        if not isinstance(owner, cst.If):
-            return current
-        current = owner
+    block = a.parent(statement)
+    owner = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(owner, cst.Else):
+        owner = a.parent(owner)
+    while isinstance(a.parent(owner), cst.If) and a.parent(owner).orelse is owner:  # type: ignore[union-attr]
+        owner = a.parent(owner)  # an ``elif``: the chain starts at the first ``if``
+    if not isinstance(owner, cst.If) or not _tests_disk(plan, owner):
+        return statement
+    loops = any(nodes(owner, cst.For)) or any(nodes(owner, cst.While))
+    return statement if loops else owner
+
+
+def _ancestors(a: Analysis, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    current = a.parent(node)
+    while current is not None:
+        yield current
+        current = a.parent(current)
+
+
+def _tests_disk(plan: Plan, branch: cst.If) -> bool:
+    """Whether the tests of an ``if``/``elif`` chain ask the disk what is there."""
+    tests = []
+    current: cst.CSTNode | None = branch
+    while isinstance(current, cst.If):
+        tests.append(current.test)
+        current = current.orelse
+    names = plan.analysis.names
+    return any(
+        names.last_part(call.func) in _DISK_TESTS
+        for test in tests
+        for call in nodes(test, cst.Call)
+    )
 
 
 def _enclose(
