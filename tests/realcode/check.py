@@ -28,6 +28,9 @@ VERDICTS = HERE / "convert_verdicts.csv"
 # What the converter of ebb7962 did with repositories no one had reviewed before, judged before
 # anything was changed for them: the rate users meet on code the project never studied.
 FIRST_SIGHT = HERE / "first_sight.csv"
+# The same for 13 repositories of LLM training code and tutorials, at 3d10904. Its faults are not
+# all fixed yet, so its rows are not in VERDICTS; ``--verdicts`` re-checks them as they were.
+FIRST_SIGHT_PENDING = HERE / "first_sight_llm_tutorials.csv"
 VERDICTS_ALLOWED = frozenset(
     {"correct-full", "correct-partial", "refused-with-reason", "unchanged-no-training"}
 )

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check import FAULTS, FIRST_SIGHT, OUTCOMES, VERDICTS, VERDICTS_ALLOWED, check, load
+from check import FAULTS, FIRST_SIGHT, FIRST_SIGHT_PENDING, OUTCOMES, VERDICTS, VERDICTS_ALLOWED, check, load
 
 ROWS = load(VERDICTS)
 
@@ -58,3 +58,13 @@ def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed() -> None:
         assert row.path in now, row  # reviewed again after the fixes
     faults = [r for r in first if r.verdict in FAULTS]
     assert all(r.reason.startswith(("class ", "unchanged with no reason")) for r in faults)
+
+
+def test_pending_first_sight_is_a_complete_review() -> None:
+    """LLM code and tutorials, judged at first sight: every row judged, each fault explained."""
+    first = load(FIRST_SIGHT_PENDING)
+    assert len(first) >= 100 and len({r.path.split("/", 1)[0] for r in first}) >= 10
+    assert len({r.path for r in first}) == len(first)
+    for row in first:
+        assert row.verdict in VERDICTS_ALLOWED | FAULTS, row
+        assert row.outcome in OUTCOMES and len(row.reason) > 20, row
