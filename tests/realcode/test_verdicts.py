@@ -15,7 +15,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check import FAULTS, FIRST_SIGHT, FIRST_SIGHT_PENDING, OUTCOMES, VERDICTS, VERDICTS_ALLOWED, check, load
+from check import (
+    FAULTS,
+    FIRST_SIGHT,
+    FIRST_SIGHT_PENDING,
+    OUTCOMES,
+    VERDICTS,
+    VERDICTS_ALLOWED,
+    check,
+    load,
+)
 
 ROWS = load(VERDICTS)
 
