@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.analysis import Scope, key_of
 from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
@@ -36,7 +36,7 @@ _LOGGERS = ("SummaryWriter", "Logger", "Writer")
 def writes(plan: Plan) -> None:
     if plan.setup is None:
         return
-    first: set[int] = set()  # the statements already going to the main process first
+    first: list[cst.BaseStatement] = []  # the statements already going to the main process first
     for call, statement, how in side_effects(plan):
         if how == "fetches":
             plan.needs_human(
@@ -89,14 +89,15 @@ def _guard(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpres
 
 
 def _first(
-    plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression, done: set[int]
+    plan: Plan,
+    statement: cst.BaseStatement,
+    accelerator: cst.BaseExpression,
+    done: list[cst.BaseStatement],
 ) -> None:
     whole = _deciding_if(plan, statement)
-    a = plan.analysis
-    around = {id(n) for n in _ancestors(a, whole)}
-    if id(whole) in done or around & done:  # a second download under the same ``if``
+    if any(plan.analysis.contains(d, whole) for d in done):  # a second download under one ``if``
         return
-    done.add(id(whole))
+    done.append(whole)
     item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
     _enclose(plan, whole, lambda body: cst.With(items=[item], body=body))
 
@@ -120,13 +121,6 @@ def _deciding_if(plan: Plan, statement: cst.BaseStatement) -> cst.BaseStatement:
         return statement
     loops = any(nodes(owner, cst.For)) or any(nodes(owner, cst.While))
     return statement if loops else owner
-
-
-def _ancestors(a: Analysis, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    current = a.parent(node)
-    while current is not None:
-        yield current
-        current = a.parent(current)
 
 
 def _tests_disk(plan: Plan, branch: cst.If) -> bool:
