@@ -83,13 +83,60 @@ def magic_indent(line: str) -> str | None:
 
 def magic_indents(lines: Iterable[str]) -> Iterator[str | None]:
     """Per line, the indentation of the IPython command it is part of, or None for Python: a
-    command ending in a backslash (``!pip install -q \\``) goes on over the lines after it."""
+    command ending in a backslash (``!pip install -q \\``) goes on over the lines after it.
+
+    As in IPython, only a line that starts a logical line can be a command: inside brackets or a
+    triple-quoted string, ``% (epoch, loss)`` is Python's formatting operator."""
     command: str | None = None
+    python = _LogicalLines()
     for line in lines:
-        indent = command if command is not None else magic_indent(line)
+        if command is not None:
+            indent: str | None = command
+        else:
+            indent = None if python.open else magic_indent(line)
         yield indent
+        if indent is None:
+            python.read(line)
         continued = indent is not None and line.rstrip("\r\n").endswith("\\")
         command = indent if continued else None
+
+
+class _LogicalLines:
+    """Just enough of Python's tokenizer to know whether the next physical line continues a
+    logical line: open brackets, an open triple-quoted string, a trailing backslash."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote = ""  # the open string's quote, '' outside strings
+        self.open = False
+
+    def read(self, line: str) -> None:
+        text = line.rstrip("\r\n")
+        i = 0
+        comment = False
+        while i < len(text):
+            if self.quote:
+                if text.startswith(self.quote, i):
+                    i, self.quote = i + len(self.quote), ""
+                else:
+                    i += 2 if text[i] == "\\" else 1
+                continue
+            char = text[i]
+            if char == "#":
+                comment = True
+                break
+            if char in "([{":
+                self.depth += 1
+            elif char in ")]}":
+                self.depth = max(0, self.depth - 1)
+            elif char in "'\"":
+                self.quote = char * 3 if text.startswith(char * 3, i) else char
+                i += len(self.quote) - 1
+            i += 1
+        backslash = text.endswith("\\") and not comment and len(self.quote) < 3
+        if len(self.quote) == 1 and not backslash:
+            self.quote = ""  # an unclosed one-line string: a syntax error Python will report
+        self.open = self.depth > 0 or len(self.quote) == 3 or backslash
 
 
 def dump(book: dict[str, Any], like: str) -> str:

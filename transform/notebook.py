@@ -84,6 +84,7 @@ def convert_notebook(
     except SourceError as err:
         cell, line = _at(program.places, err.line)
         raise ipynb.located(path, cell, line, err.message) from None
+    result = replace(result, notes=tuple(_cited_in_cells(n, program.places) for n in result.notes))
     unchanged = NotebookResult(text, result.notes, text, result, program.places, program.places)
     if not result.changed:
         return unchanged
@@ -200,6 +201,20 @@ def _places(chunks: list[str]) -> Places:
         places.extend((number, line) for line in range(1, count + 1))
         places.append((number, max(count, 1)))
     return tuple(places)
+
+
+def _cited_in_cells(note: Note, places: Places) -> Note:
+    """``note`` with the lines its message cites (``line 74``) named as the reader finds them,
+    ``cell 15:line 4``: the converter counts lines of the joined program."""
+
+    def cite(match: re.Match[str]) -> str:
+        cell, line = _at(places, int(match.group(1)))
+        return f"cell {cell}:line {line}"
+
+    return replace(note, message=_CITED_LINE.sub(cite, note.message))
+
+
+_CITED_LINE = re.compile(r"\bline (\d+)\b")
 
 
 def _at(places: Places, line: int) -> tuple[int, int]:

@@ -306,3 +306,47 @@ def test_a_shell_command_continued_with_backslashes_is_one_ipython_command() -> 
     assert cells[0].startswith("!pip install -q \\\n    torch \\\n    accelerate\nimport torch\n")
     lint_text = lint_notebook.parse("nb.ipynb", text).text
     assert lint_text.startswith("pass\npass\npass\nimport torch\n")
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "print('epoch %d, loss %.3f'\n      % (epoch, loss))",  # d2l's print(... % (...))
+        "text = '''\n%d done\n'''",
+        "total = 7 \\\n% 2",
+        "rows = [\n    '%s' % name\n    for name in names\n]",
+    ],
+)
+def test_a_percent_that_continues_a_python_line_is_python(cell: str) -> None:
+    """As in IPython, ``%`` starts a magic only at the start of a logical line: inside brackets,
+    a triple-quoted string or after a backslash it is Python's operator (both tools read alike)."""
+    lines = ipynb._LINE.findall(cell)
+    assert list(ipynb.magic_indents(lines)) == [None] * len(lines)
+    text = book(cell)
+    assert convert_notebook(text, Options(), "nb.ipynb").code == text
+    assert lint_notebook.parse("nb.ipynb", text).text.startswith(cell)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    ["%matplotlib inline", "x = (1 +\n     2)\n%time f(x)", "# a comment ending in \\\n!ls"],
+)
+def test_a_magic_after_a_closed_python_line_is_still_a_magic(cell: str) -> None:
+    lines = ipynb._LINE.findall(cell)
+    assert list(ipynb.magic_indents(lines))[-1] == ""
+
+
+def test_lines_cited_in_a_reason_are_named_by_cell() -> None:
+    """A reason that cites another line (``after line N already uses ...``) names it as the reader
+    finds it, by cell: the converter counts lines of the joined program."""
+    setup = (
+        "import torch\nloader = torch.utils.data.DataLoader(range(8))\nnet = torch.nn.Linear(1, 1)"
+    )
+    peek = "for x in loader:\n    net(x)"
+    train = (
+        "opt = torch.optim.SGD(net.parameters())\nfor x in loader:\n    net(x).sum().backward()\n"
+    )
+    train += "    opt.step()"
+    result = convert_notebook(book(setup, peek, train), Options(), "nb.ipynb")
+    (reason,) = [n.message for n in result.notes if n.manual]
+    assert "after cell 2:line 1 already uses" in reason
