@@ -12,12 +12,26 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Binding, analyse, key_of, optimized_models
+from accelify.transform.analysis import (
+    Analysis,
+    Binding,
+    Scope,
+    analyse,
+    key_of,
+    optimized_models,
+)
 from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.neighbours import fetching_imports
-from accelify.transform.patterns import PREFIX, Role, callee_name, dotted_name, method_call
+from accelify.transform.patterns import (
+    OPTIMIZERS,
+    PREFIX,
+    Role,
+    callee_name,
+    dotted_name,
+    method_call,
+)
 from accelify.transform.plan import Note, Options, Plan, Step
 from accelify.transform.setup import Refused, find_setup
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
@@ -266,14 +280,32 @@ def _explain_hidden_step(plan: Plan) -> None:
                     "library does",
                 )
                 return
-    for call, _scope in a.calls:
+    for call, scope in a.calls:
         name = callee_name(call) or ""
-        launches = (name in {"train", "fit", "run_loop"} and call.args) or "TrainLoop" in name
-        if launches and a.callee(call) is None:  # Zeleni9's model.train(loader), TrainLoop(...)
+        if a.callee(call) is not None or not call.args:
+            continue
+        func = a.module.code_for_node(call.func)
+        handed = _training_objects_handed(a, scope, call)
+        launcher = name.startswith(("train", "fit"))  # train_model_simple, d2l.train_ch3
+        if launcher and handed:
+            plan.needs_human(
+                call,
+                f"left unchanged: training runs inside {func}(...), which this file does not "
+                f"show, on the {', '.join(handed)} built here; accel-convert converts a setup "
+                "where one file shows both its objects and its training step: convert the two "
+                "files by hand",
+            )
+            return
+        builds_optimizer = any(_optimizer_class(a, arg) for arg in call.args)
+        if (
+            name in {"train", "fit", "run_loop"}
+            or "TrainLoop" in name
+            or (launcher and builds_optimizer)
+        ):
             plan.info(
                 call,
-                f"left unchanged: training runs inside {a.module.code_for_node(call.func)}(...), "
-                "which this file does not show; convert the code that trains",
+                f"left unchanged: training runs inside {func}(...), which this file does not "
+                "show; convert the code that trains",
             )
             return
     for call, scope in a.calls:
@@ -293,13 +325,40 @@ def _explain_hidden_step(plan: Plan) -> None:
             return
 
 
-def _updates_by_hand(update: cst.CSTNode) -> bool:
-    """``w -= lr * w.grad`` or ``p.data -= ...``: a step computed from a gradient, or written
-    into a parameter's ``.data``."""
-    assert isinstance(update, cst.AugAssign)
-    reads_grad = any(n.attr.value == "grad" for n in nodes(update.value, cst.Attribute))  # type: ignore[attr-defined]
-    target = update.target
-    return reads_grad or (isinstance(target, cst.Attribute) and target.attr.value == "data")
+def _training_objects_handed(a: Analysis, scope: Scope, call: cst.Call) -> list[str]:
+    """The models, optimizers and loaders of this file that ``call`` is handed."""
+    handed = []
+    for arg in call.args:
+        key = key_of(arg.value)
+        if key is not None and a.role(scope, key) in _HANDED_ROLES:
+            handed.append(key)
+    return handed
+
+
+def _optimizer_class(a: Analysis, arg: cst.Arg) -> bool:
+    """``torch.optim.SGD`` handed over to be built in there (d2l's ``train_ch10``)."""
+    return not isinstance(arg.value, cst.Call) and a.names.last_part(arg.value) in OPTIMIZERS
+
+
+_HANDED_ROLES = frozenset({Role.MODEL, Role.OPTIMIZER, Role.DATALOADER})
+
+
+def _updates_by_hand(node: cst.CSTNode) -> bool:
+    """``w -= lr * w.grad``, ``p.data -= ...`` or ``p.data.sub_(lr * p.grad)`` (d2l's ``sgd``): a
+    step computed from a gradient, or written into a parameter's ``.data``."""
+    if isinstance(node, cst.AugAssign):
+        target, value = node.target, node.value
+    elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        if not node.func.attr.value.endswith("_") or _reads_grad(node.func.value):
+            return False  # ``p.grad.zero_()`` clears a gradient, it updates nothing
+        target, value = node.func.value, node
+    else:
+        return False
+    return _reads_grad(value) or (isinstance(target, cst.Attribute) and target.attr.value == "data")
+
+
+def _reads_grad(node: cst.CSTNode) -> bool:
+    return any(n.attr.value == "grad" for n in nodes(node, cst.Attribute))  # type: ignore[attr-defined]
 
 
 def _in_loop(a: Analysis, node: cst.CSTNode) -> bool:
@@ -327,7 +386,7 @@ def _no_optimizer(a: Analysis) -> str:
                 "comprehension, handed in as a parameter, or built outside this file); convert "
                 "by hand"
             )
-    if any(_updates_by_hand(update) for update in nodes(a.module, cst.AugAssign)):
+    if any(_updates_by_hand(update) for update in nodes(a.module, (cst.AugAssign, cst.Call))):
         return "no optimizer steps this training (it updates its parameters by hand)"
     return _GRADIENTS_ONLY
 

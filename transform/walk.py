@@ -154,7 +154,10 @@ def _handler(
         return found
 
 
-def nodes(root: cst.CSTNode, kind: type[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+NodeKind = type[cst.CSTNode] | tuple[type[cst.CSTNode], ...]
+
+
+def nodes(root: cst.CSTNode, kind: NodeKind) -> Iterator[cst.CSTNode]:
     """Every node of type ``kind`` under ``root``, in source order."""
     found: list[cst.CSTNode] = []
     walk(root, _Collect(kind, found))
@@ -162,7 +165,7 @@ def nodes(root: cst.CSTNode, kind: type[cst.CSTNode]) -> Iterator[cst.CSTNode]:
 
 
 class _Collect(Visitor):
-    def __init__(self, kind: type[cst.CSTNode], found: list[cst.CSTNode]) -> None:
+    def __init__(self, kind: NodeKind, found: list[cst.CSTNode]) -> None:
         super().__init__()
         self.kind = kind
         self.found = found
