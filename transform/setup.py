@@ -187,7 +187,7 @@ def _plan(a: Analysis, scope: Scope) -> Setup:
     )
     _refuse_training_forms(a, setup)
     keys = _models_and_optimizers(a, setup)
-    keys += _loaders(a, setup)
+    keys += _loaders(a, setup, keys)
     keys += [
         b.key
         for b in _owned(a, scope)
@@ -465,7 +465,7 @@ def _first_bound(a: Analysis, scope: Scope, key: str) -> int:
     return next((i for i, b in enumerate(a.bindings) if b.scope is scope and b.key == key), -1)
 
 
-def _loaders(a: Analysis, setup: Setup) -> list[str]:
+def _loaders(a: Analysis, setup: Setup, trained: list[str]) -> list[str]:
     """Loaders the training iterates: prepared. Loaders only evaluation iterates stay as they
     are (every process evaluates all of it, which is slower but always right)."""
     trains = _trains(a)
@@ -493,6 +493,8 @@ def _loaders(a: Analysis, setup: Setup) -> list[str]:
     fed = set(prepared)
     for call, where, _loop in a.backward_calls:
         if where in setup.reach and not _fed(a, setup, call, fed, set()):
+            if runs_ahead_of_builds(a, setup, call, trained):
+                continue  # an autograd demo before the model: the backward step says so
             node = a.enclosing(call, (cst.For, cst.While)) or call
             if not any(_in(a, node, n) for n, _r in setup.unsharded):
                 setup.unsharded.append((node, "no DataLoader feeds this training step"))
@@ -672,17 +674,44 @@ def _build_of(a: Analysis, setup: Setup, key: str) -> Binding:
     return Binding(key, scope, scope.body[0], scope.node, None, False, False)
 
 
+def runs_ahead_of_builds(a: Analysis, setup: Setup, node: cst.CSTNode, keys: list[str]) -> bool:
+    """Whether ``node`` runs before any of ``keys`` is built: a notebook's autograd demo
+    (``loss.backward(); print(w.grad)`` on plain tensors) ahead of the model trains none of them."""
+    timeline = setup.timeline
+    return bool(keys) and all(
+        timeline.before(timeline.point_before(_build_of(a, setup, key).statement), node)
+        for key in keys
+    )
+
+
 def _training_nodes(a: Analysis, setup: Setup) -> list[cst.CSTNode]:
     """Where training starts to use the prepared objects: backward calls, loops over prepared
     loaders, steps of prepared optimizers and schedulers."""
     nodes: list[cst.CSTNode] = [c for c, where, _lp in a.backward_calls if where in setup.reach]
     keys = set(setup.keys)
     for loop in a.loops:
-        if loop.scope in setup.reach and any(
-            origins(a, setup.scope, loop.scope, k) & keys for k in loop.iterables
+        if (
+            loop.scope in setup.reach
+            and any(origins(a, setup.scope, loop.scope, k) & keys for k in loop.iterables)
+            and not _only_looks(a, setup, loop)
         ):
             nodes.append(loop.node)
     return nodes
+
+
+def _only_looks(a: Analysis, setup: Setup, loop: Loop) -> bool:
+    """``for x, y in loader: print(x.shape); break``: a loop of the setup's own scope that uses
+    no other training object, calls no function of this file and runs no backward. It looks at
+    the data, trains nothing, and may run on the bare loader before prepare()."""
+    if loop.scope is not setup.scope:
+        return False
+    if any(a.contains(loop.node, call) for call, _where, _lp in a.backward_calls):
+        return False
+    if any(a.callee(call) is not None for call in nodes(loop.node, cst.Call)):
+        return False
+    others = set(setup.keys) - set(loop.iterables)
+    used = (key_of(n) for n in nodes(loop.node.body, (cst.Name, cst.Attribute)))
+    return not others.intersection(used)
 
 
 def _prepare_point(a: Analysis, setup: Setup) -> Point:
@@ -697,9 +726,12 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
         anchors.extend(found)
         after_scope = after_scope or not found
     block = timeline.body() if after_scope or not anchors else _common_block(timeline, anchors)
-    positions = [timeline.index(block, timeline.top_in(block, n)) for n in anchors]  # type: ignore[arg-type]
+    uses: list[tuple[int, cst.CSTNode]] = [
+        (timeline.index(block, timeline.top_in(block, n)), n)  # type: ignore[arg-type]
+        for n in anchors
+    ]
     if after_scope:
-        positions.append(len(block.body))
+        uses.append((len(block.body), setup.scope.node))
     built = [
         timeline.index(block, top)
         for b in a.bindings
@@ -709,8 +741,9 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     ]
     # A backward before any training object exists (an autograd demo) does not train them.
     start = min(built, default=0)
-    positions = [p for p in positions if p >= start] or positions
-    first = min(positions)
+    uses = [(p, n) for p, n in uses if p >= start] or uses
+    positions = [p for p, _n in uses]
+    first, first_use = min(uses, key=lambda use: use[0])
     index = 0
     for b in setup.prepared:
         for build in (x for x in a.bindings if x.scope is setup.scope and x.key == b.key):
@@ -723,7 +756,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
             if at < first:
                 index = max(index, at + 1)
             elif at == first:
-                raise Refused(build.node, f"{b.key} is built inside the training loop")
+                raise Refused(build.node, _built_with_training(a, build, top))
             elif any(position > at for position in positions):
                 again = any(
                     timeline.top_in(block, x.node) is not None
@@ -731,9 +764,11 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                     for x in a.bindings
                     if x.scope is setup.scope and x.key == b.key
                 )
-                what = "built again here" if again else "built only here, after training starts"
+                what = "built again here" if again else "built only here"
                 raise Refused(
-                    build.node, f"{b.key} is {what}, and training uses it; convert by hand"
+                    build.node,
+                    f"{b.key} is {what}, after line {a.line(first_use)} already uses what "
+                    "prepare() wraps, and training uses it; convert by hand",
                 )
             else:
                 setup.rebuilds.setdefault(b.key, []).append(build)
@@ -750,6 +785,19 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
             )
     _refuse_kept_early(a, setup, point)
     return point
+
+
+def _built_with_training(a: Analysis, build: Binding, top: cst.CSTNode) -> str:
+    """Why a build in the statement where training starts blocks prepare(): a loop builds it,
+    or it is what a function of this file returns after training it (``model = train(model)``)."""
+    value = build.value
+    if top is a.statement_of(build.node) and isinstance(value, cst.Call) and a.callee(value):
+        name = a.module.code_for_node(value.func)
+        return (
+            f"{build.key} is rebound to what {name}() returns, and {name}() trains it: "
+            "accel-convert does not follow the object that comes back; convert by hand"
+        )
+    return f"{build.key} is built inside the training loop"
 
 
 def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:

@@ -11,7 +11,7 @@ import libcst as cst
 from accelify.transform.analysis import Scope, key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.setup import Refused
+from accelify.transform.setup import Refused, runs_ahead_of_builds
 
 
 def to_accelerator_backward(accelerator: cst.BaseExpression, call: cst.Call) -> cst.Call:
@@ -29,6 +29,9 @@ def backward(plan: Plan) -> None:
         receiver = call.func.value  # type: ignore[union-attr]
         if _is_scaled(plan, scope, receiver):
             continue  # the amp step's business
+        if runs_ahead_of_builds(a, plan.setup, call, plan.setup.keys):
+            plan.info(call, "left as is: it runs before any object prepare() wraps is built")
+            continue
         if a.names.qualify(receiver) is not None:  # torch.autograd.backward(...)
             raise Refused(call, f"{dotted_name(call.func)}(...): convert by hand")
         accelerator = plan.accelerator(call)

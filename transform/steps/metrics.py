@@ -34,7 +34,8 @@ def metrics(plan: Plan) -> None:
     _report_dataset_averages(plan)
     for comp, scope, key in a.comprehensions:
         found = origins(a, setup.scope, scope, key)
-        if scope in plan.training and found and found <= setup.loaders:
+        prepared = setup.prepare_at is None or setup.timeline.after(setup.prepare_at, comp)
+        if scope in plan.training and found and found <= setup.loaders and prepared:
             plan.needs_human(
                 comp,
                 f"computes over this process's shard of {key} only: gather per-sample values "
