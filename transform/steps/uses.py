@@ -41,15 +41,16 @@ READERS = frozenset(
 _LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "log", "exception"})
 # Calls that walk a loader (or its batches) and keep nothing of it.
 _LOADER_READERS = frozenset({"enumerate", "iter", "next", "zip", "tqdm", "trange", "cycle", "list"})
-# What may be handed the bare module before prepare(): they read its parameters, or copy it (an
-# EMA or a teacher is a separate module), and prepare() keeps those same parameters.
+# What may be handed the bare module before prepare(): they read its parameters, copy it (an
+# EMA or a teacher is a separate module) or swap one of its layers (``setattr``, LoRA-style), and
+# prepare() then wraps the module as it is.
 _BARE_MODEL_READERS = frozenset(
     {
         "deepcopy", "summary", "watch", "add_graph", "ModelEma", "ModelEmaV2", "ModelEmaV3",
-        "EMA", "EMAModel", "AveragedModel",
+        "EMA", "EMAModel", "AveragedModel", "setattr",
     }
 )  # fmt: skip
-# GradScaler's and the save step's calls that take an optimizer or a model as they are.
+# GradScaler's calls and torch.save, which take an optimizer or a model as they are.
 _STEPPERS = frozenset({"step", "unscale_", "save"})
 # Wrappers that take the objects over, each with why prepare() cannot go on top of them.
 _PRIVACY = (
@@ -383,7 +384,13 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         return None
     if use.role is Role.MODEL and use.bare and last in _BARE_MODEL_READERS:
         return None
-    if isinstance(call.func, cst.Attribute) and last in _STEPPERS:
+    # ``scaler.step(optimizer)``, ``torch.save(model, ...)``; a ``save`` of another module
+    # (``d2l.save(net, ...)``) is code this file does not show
+    if (
+        isinstance(call.func, cst.Attribute)
+        and last in _STEPPERS
+        and (last != "save" or a.names.refers_to(call.func, ("torch",), "save"))
+    ):
         return None
     what = "bare" if use.bare else "prepared" if use.bare is False else ""
     # A function of the file the analysis does not follow (one defined inside another).
