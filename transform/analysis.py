@@ -827,14 +827,29 @@ def _returned_at(statement: cst.Return, position: int | None) -> cst.BaseExpress
 
 def returns(function: Scope) -> list[cst.Return]:
     """The ``return`` statements of ``function`` itself (not of functions defined inside it)."""
-    found: list[cst.Return] = []
+    return _own(function, cst.Return)  # type: ignore[return-value]
 
-    class _Returns(Visitor):
-        def visit_Return(self, node: cst.Return) -> None:
-            found.append(node)
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function.node
+def yields(function: Scope) -> list[cst.Yield]:
+    """The ``yield`` expressions of ``function`` itself: what a caller that iterates the
+    generator it returns (or calls ``next`` on it) reads."""
+    return _own(function, cst.Yield)  # type: ignore[return-value]
 
-    walk(function.node, _Returns())
-    return found
+
+def _own(function: Scope, kind: type[cst.CSTNode]) -> list[cst.CSTNode]:
+    finder = _OwnNodes(function.node, kind)
+    walk(function.node, finder)
+    return finder.found
+
+
+class _OwnNodes(Visitor):
+    def __init__(self, function: cst.CSTNode, kind: type[cst.CSTNode]) -> None:
+        super().__init__()
+        self.function = function
+        self.kind = kind
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, self.kind):
+            self.found.append(node)
+        return not isinstance(node, cst.FunctionDef | cst.Lambda) or node is self.function

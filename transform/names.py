@@ -25,6 +25,7 @@ class Names:
     imports: dict[str, str] = field(default_factory=dict)
     defined: set[str] = field(default_factory=set)  # classes and functions of the file
     statements: dict[str, cst.CSTNode] = field(default_factory=dict)  # the import binding a name
+    stars: set[str] = field(default_factory=set)  # modules imported with ``from x import *``
 
     def qualify(self, node: cst.BaseExpression) -> str | None:
         """``nn.parallel.DistributedDataParallel`` -> ``torch.nn.parallel.Distributed...`` when
@@ -89,10 +90,11 @@ class NameCollector(Visitor):
                 self._record_import(head, head, node)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if isinstance(node.names, cst.ImportStar):
-            return
         dots = "." * len(node.relative)
         base = dots + (dotted_name(node.module) or "" if node.module is not None else "")
+        if isinstance(node.names, cst.ImportStar):
+            self.names.stars.add(base)
+            return
         for alias in node.names:
             name = dotted_name(alias.name) or ""
             local = (

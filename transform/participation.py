@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, key_of, name_nodes, unwrap_moves
-from accelify.transform.patterns import dotted_name
+from accelify.transform.patterns import dotted_name, random_draw
 from accelify.transform.setup import Setup, in_training_step, origins
 from accelify.transform.walk import nodes
 
@@ -77,18 +77,71 @@ def _read(a: Analysis, scope: cst.CSTNode, name: str) -> bool:
 
 
 def idle_submodules(a: Analysis, setup: Setup) -> dict[str, cst.Attribute]:
-    """Prepared model -> a submodule its class (in this file) builds and nothing ever reads:
-    ``self.head = nn.Linear(...)`` in ``__init__``, with no other ``self.head`` or ``.head``
-    anywhere. A class that reaches its submodules by name or by iteration is left alone."""
+    """Prepared model -> a submodule built for it that nothing ever reads: ``self.head =
+    nn.Linear(...)`` in its class's ``__init__`` (in this file), or ``model.out_head =
+    nn.Linear(...)`` attached from outside, with no ``.head`` read anywhere. A class that reaches
+    its submodules by name or by iteration is left alone."""
     found: dict[str, cst.Attribute] = {}
     for b in setup.prepared:
         value = unwrap_moves(b.value) if b.value is not None else None
         if b.key not in setup.models(a) or not isinstance(value, cst.Call):
             continue
-        idle = _idle_in(a, a.names.last_part(value.func) or "", set())
+        cls = a.names.last_part(value.func) or ""
+        idle = _idle_in(a, cls, set()) or _attached_idle(a, setup, b.key, cls)
         if idle is not None:
             found[b.key] = idle
     return found
+
+
+def random_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
+    """Prepared model -> the ``for``/``while``/``if`` of its class's ``forward`` (in this file)
+    that a random draw decides (``for _ in range(random.randint(0, 3))``): a step that draws
+    none leaves the layers under it without a gradient, seeded or not."""
+    found: dict[str, cst.CSTNode] = {}
+    for b in setup.prepared:
+        value = unwrap_moves(b.value) if b.value is not None else None
+        if b.key not in setup.models(a) or not isinstance(value, cst.Call):
+            continue
+        forward = a.methods.get(a.names.last_part(value.func) or "", {}).get("forward")
+        controls = nodes(forward.node, (cst.For, cst.While, cst.If)) if forward else ()
+        for control in controls:
+            decider = control.iter if isinstance(control, cst.For) else control.test  # type: ignore[attr-defined]
+            if any(random_draw(call, a.names) for call in nodes(decider, cst.Call)):  # type: ignore[arg-type]
+                found[b.key] = control
+                break
+    return found
+
+
+def _attached_idle(a: Analysis, setup: Setup, model: str, cls: str) -> cst.Attribute | None:
+    """``model.out_head = nn.Linear(...)`` in the setup and no ``.out_head`` read in the file.
+    Where the class is another package's, its forward is unseen: a head it reads by convention
+    (``model.fc = ...`` on a torchvision ResNet) is taken as replaced, not idle."""
+    if cls in a.methods and _dynamic(a, cls):
+        return None
+    for assign, scope in a.assignments:
+        if scope is not setup.scope or not isinstance(assign, cst.Assign):
+            continue
+        target = assign.targets[0].target if len(assign.targets) == 1 else None
+        if not (
+            isinstance(target, cst.Attribute)
+            and key_of(target.value) == model
+            and _module_built(a, assign.value)
+        ):
+            continue
+        attr = target.attr.value
+        if _reads(a, attr) == 0 and (cls in a.methods or attr not in _LIBRARY_HEADS):
+            return target
+    return None
+
+
+# The heads library models' forwards call by name (torchvision, timm, transformers): assigning
+# one replaces the head the forward already uses.
+_LIBRARY_HEADS = frozenset(
+    {
+        "fc", "classifier", "head", "heads", "lm_head", "score", "pre_classifier",
+        "last_linear", "AuxLogits", "aux_logits", "qa_outputs", "cls",
+    }
+)  # fmt: skip
 
 
 def _idle_in(a: Analysis, cls: str, seen: set[str]) -> cst.Attribute | None:
@@ -123,14 +176,26 @@ def _built_submodule(a: Analysis, stmt: cst.CSTNode) -> tuple[cst.Attribute, str
         and isinstance(assign.value, cst.Call)
     ):
         return None
-    kind = a.names.last_part(assign.value.func) or ""
-    dotted = dotted_name(assign.value.func) or ""
+    return (
+        (target, a.names.last_part(assign.value.func) or "")
+        if _module_built(a, assign.value)
+        else None
+    )
+
+
+def _module_built(a: Analysis, value: cst.BaseExpression) -> bool:
+    """``nn.Linear(...)`` or one of the file's model classes: a call that builds a module."""
+    if not isinstance(value, cst.Call):
+        return False
+    kind = a.names.last_part(value.func) or ""
+    dotted = dotted_name(value.func) or ""
     from_nn = dotted.startswith(("nn.", "torch.nn.")) and kind[:1].isupper()
-    return (target, kind) if from_nn or kind in a.model_classes else None
+    return from_nn or kind in a.model_classes
 
 
 def _reads(a: Analysis, attr: str) -> int:
-    """How many times ``.attr`` is read (not assigned) in the file."""
+    """How many times ``.attr`` is read (not assigned) in the file, other than to reach its
+    parameters or its mode (``model.head.parameters()`` to freeze it runs nothing of it)."""
     stores = {
         id(target.target)
         for assign, _ in a.assignments
@@ -138,7 +203,20 @@ def _reads(a: Analysis, attr: str) -> int:
         for target in assign.targets
     }
     found = nodes(a.module, cst.Attribute)
-    return sum(n.attr.value == attr and id(n) not in stores for n in found)  # type: ignore[attr-defined]
+    return sum(
+        n.attr.value == attr and id(n) not in stores and not _bookkeeping(a, n)  # type: ignore[attr-defined]
+        for n in found
+    )
+
+
+def _bookkeeping(a: Analysis, node: cst.CSTNode) -> bool:
+    parent = a.parent(node)
+    return isinstance(parent, cst.Attribute) and parent.attr.value in _BOOKKEEPING
+
+
+_BOOKKEEPING = frozenset(
+    {"parameters", "named_parameters", "requires_grad_", "train", "eval", "to", "cuda", "cpu"}
+)
 
 
 # Ways a module reaches its submodules without naming them.

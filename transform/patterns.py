@@ -246,3 +246,30 @@ def disk_writer(call: cst.Call, names: Names) -> str | None:
     if name in DISK_WRITER_METHODS and isinstance(call.func, cst.Attribute):
         return name
     return None
+
+
+def random_draw(call: cst.Call, names: Names) -> bool:
+    """Whether ``call`` draws from a random stream: ``random``'s, numpy's or torch's, under its
+    imported name or a bare one a ``from pylab import *`` brought in."""
+    dotted = names.qualify(call.func) or dotted_name(call.func) or ""
+    return (
+        dotted.startswith(_RANDOM_MODULES)
+        or (dotted.startswith("torch.") and dotted.rsplit(".", 1)[-1] in _RANDOM_TORCH)
+        or (
+            dotted in _STAR_DRAWS
+            and bool(names.stars & _STAR_RANDOM)
+            and dotted not in names.defined
+        )
+    )
+
+
+_RANDOM_MODULES = ("random.", "numpy.random.", "np.random.")
+_RANDOM_TORCH = frozenset(
+    {"rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "normal", "rand_like",
+     "randn_like", "randint_like"}
+)  # fmt: skip
+_STAR_RANDOM = frozenset({"pylab", "matplotlib.pylab", "numpy", "numpy.random", "random"})
+_STAR_DRAWS = frozenset(
+    {"random", "rand", "randn", "randint", "uniform", "normal", "choice", "shuffle",
+     "permutation", "sample", "random_sample", "randrange", "gauss"}
+)  # fmt: skip

@@ -93,6 +93,8 @@ FAILS_IN_ALL_REDUCE = {
     "episode_of_random_length": ("lockstep", "policy"),
     "early_stop_on_unseeded_data": ("lockstep", "model"),
     "replay_buffer_threshold": ("lockstep", "q"),
+    "dataset_of_random_size": ("lockstep", "model"),
+    "curriculum_from_own_loss": ("lockstep", "model"),
 }
 
 
@@ -123,8 +125,11 @@ def test_refused_control_flow_would_break_the_all_reduce(case: str, tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_discarded_output_needs_unused_parameters(tmp_path: Path) -> None:
-    source = (SOUND / "discarded_output.in.py").read_text()
+@pytest.mark.parametrize(
+    "case", ["discarded_output", "head_attached_from_outside", "layers_of_random_depth"]
+)
+def test_parameters_without_gradients_need_unused_parameters(case: str, tmp_path: Path) -> None:
+    source = (SOUND / f"{case}.in.py").read_text()
     code = convert(source).code
     assert "find_unused_parameters=True" in code
     kept = _run_two(code, "model", tmp_path)
@@ -146,6 +151,7 @@ def test_discarded_output_needs_unused_parameters(tmp_path: Path) -> None:
         ("sound/alias_for_saving", "model"),
         ("sound/early_stop_on_validation", "model"),
         ("ddp/param_groups_from_a_loop", "net"),  # prepared though no model is named in opt
+        ("report/split_written_then_read", "model"),  # reads train.csv once rank 0 wrote it
     ],
 )
 def test_accepted_cases_keep_replicas_equal(case: str, model: str, tmp_path: Path) -> None:

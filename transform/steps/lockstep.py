@@ -21,8 +21,22 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of, loop_iterable, returns
-from accelify.transform.patterns import RANK_NAMES, Role, callee_name, dotted_name, target_names
+from accelify.transform.analysis import (
+    Analysis,
+    Scope,
+    key_of,
+    loop_iterable,
+    returns,
+    yields,
+)
+from accelify.transform.patterns import (
+    RANK_NAMES,
+    Role,
+    callee_name,
+    dotted_name,
+    random_draw,
+    target_names,
+)
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused, Setup, reachable
 from accelify.transform.walk import Visitor, children, nodes, walk
@@ -36,11 +50,6 @@ _CLOCKS = frozenset(
     {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "datetime.datetime.now",
      "datetime.now"}
 )  # fmt: skip
-_RANDOM_MODULES = ("random.", "numpy.random.", "np.random.")
-_RANDOM_TORCH = frozenset(
-    {"rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "normal", "rand_like",
-     "randn_like", "randint_like"}
-)  # fmt: skip
 _SEEDS = frozenset({"manual_seed", "seed", "set_seed", "manual_seed_all"})
 _RANK_ATTRIBUTES = frozenset(
     {"process_index", "local_process_index", "is_main_process", "is_local_main_process"}
@@ -52,6 +61,7 @@ _RANDOM = "a random draw the script does not seed"
 # Reasons that make values differ but not sizes: a random tensor of a fixed shape, a batch of a
 # prepared loader (Accelerate evens their sizes).
 _VALUES_ONLY = frozenset({_BATCH, _RANDOM, None})
+_THROUGH = ", through the loop or branch it runs under"
 _MUTATORS = frozenset({"append", "extend", "add", "update", "insert", "appendleft"})
 _STEP_DRAWS = frozenset({"step", "reset", "sample", "rsample"})  # env.step(a), dist.sample()
 
@@ -70,7 +80,7 @@ class Values:
     grown: set[int] = field(default_factory=set)  # owners whose taint grew in this pass
     # What does not change while the taint spreads, asked for again and again.
     _callees: dict[int, Scope | None] = field(default_factory=dict)
-    _returns: dict[int, list[cst.Return]] = field(default_factory=dict)
+    _results: dict[int, list[cst.BaseExpression]] = field(default_factory=dict)
     _sources: dict[int, str | None] = field(default_factory=dict)
     _instances: dict[tuple[int, str], cst.ClassDef | None] = field(default_factory=dict)
 
@@ -82,10 +92,12 @@ class Values:
             self._callees[id(call)] = a.callee(call)
         return self._callees[id(call)]
 
-    def returns(self, function: Scope) -> list[cst.Return]:
-        if id(function.node) not in self._returns:
-            self._returns[id(function.node)] = returns(function)
-        return self._returns[id(function.node)]
+    def results(self, function: Scope) -> list[cst.BaseExpression]:
+        """What a call of ``function`` hands back: its returned and its yielded values."""
+        if id(function.node) not in self._results:
+            found = [r.value for r in (*returns(function), *yields(function))]
+            self._results[id(function.node)] = [x for x in found if x is not None]
+        return self._results[id(function.node)]
 
     def source(self, a: Analysis, call: cst.Call) -> str | None:
         if id(call) not in self._sources:
@@ -283,9 +295,12 @@ def _spread(a: Analysis, setup: Setup, scopes: list[Scope], v: Values) -> Values
 
 def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
     def mark(owner: Scope, key: str, why: str) -> None:
-        # A model or an optimizer is one object, not a value; a loader carries its data's.
+        # A model or an optimizer is one object, not a value; a loader carries its data's. A
+        # reason that changes sizes replaces one that changes values only (a list filled with
+        # random draws, found later to be filled a random number of times).
         place = (a.owner(owner, key), key)
-        if place not in v.taint and a.role(owner, key) in (None, Role.DATALOADER):
+        news = place not in v.taint or why not in _VALUES_ONLY
+        if news and not _sized_apart(v, place) and a.role(owner, key) in (None, Role.DATALOADER):
             v.taint[place] = why
             v.grown.add(place[0])
 
@@ -300,8 +315,8 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
                 [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
             )
             keys = [key for target in targets for key in target_names(target)]
-            if all((a.owner(scope, key), key) in v.taint for key in keys):
-                continue  # already known to differ: nothing more to learn here
+            if all(_sized_apart(v, (a.owner(scope, key), key)) for key in keys):
+                continue  # already known to differ in size: nothing more to learn here
             why = _reads(a, scope, node.value, v) or under(node)
             if why is not None:
                 for key in keys:
@@ -312,11 +327,12 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
         elif isinstance(node, cst.Call) and callee_name(node) in _MUTATORS:
             receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
             key = key_of(receiver) if receiver is not None else None
-            if key is None or (a.owner(scope, key), key) in v.taint:
+            if key is None or _sized_apart(v, (a.owner(scope, key), key)):
                 continue
-            why = next(
+            # Appended a per-process number of times: its size differs, not only its values.
+            why = under(node) or next(
                 (w for arg in node.args if (w := _reads(a, scope, arg.value, v))), None
-            ) or under(node)
+            )
             if why is not None:
                 mark(scope, key, why)
         elif isinstance(node, cst.Call):
@@ -333,6 +349,11 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
                     mark(callee, key, why)
 
 
+def _sized_apart(v: Values, place: tuple[int, str]) -> bool:
+    """Whether the value at ``place`` is known to differ between processes in its size too."""
+    return v.taint.get(place) not in _VALUES_ONLY
+
+
 def _under(
     a: Analysis, scope: Scope, node: cst.CSTNode, v: Values, cache: dict[int, str | None]
 ) -> str | None:
@@ -345,8 +366,8 @@ def _under(
         ):
             if id(current) not in cache:
                 cache[id(current)] = _decided_apart(a, scope, current, v)
-            if cache[id(current)] is not None:
-                return f"{cache[id(current)]}, through the loop or branch it runs under"
+            if (why := cache[id(current)]) is not None:
+                return why if why.endswith(_THROUGH) else why + _THROUGH
         current = a.parent(current)
     return None
 
@@ -536,11 +557,10 @@ def _evaluate(a: Analysis, scope: Scope, deps: _Deps, v: Values, seen: set[int])
         if id(callee.node) in seen:
             continue
         seen.add(id(callee.node))
-        for ret in v.returns(callee):
-            if ret.value is not None:
-                found = _evaluate(a, callee, _deps(a, callee, ret.value, v), v, seen)
-                if found is not None:
-                    return found
+        for result in v.results(callee):
+            found = _evaluate(a, callee, _deps(a, callee, result, v), v, seen)
+            if found is not None:
+                return found
     return None
 
 
@@ -579,9 +599,7 @@ def _source(a: Analysis, call: cst.Call, seeded: bool) -> str | None:
         return "the clock"
     if seeded:
         return None
-    if dotted.startswith(_RANDOM_MODULES) or (
-        dotted.startswith("torch.") and dotted.rsplit(".", 1)[-1] in _RANDOM_TORCH
-    ):
+    if random_draw(call, a.names):
         return _RANDOM
     if isinstance(call.func, cst.Attribute) and call.func.attr.value in _STEP_DRAWS:
         receiver = key_of(call.func.value)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
-from accelify.transform.participation import idle_submodules, partly_used
+from accelify.transform.participation import idle_submodules, partly_used, random_layers
 from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
@@ -60,8 +60,9 @@ def prepare(plan: Plan) -> None:
         )
     discarded = partly_used(plan.analysis, setup)
     idle = idle_submodules(plan.analysis, setup)
-    if setup.partly_trained or discarded or idle:
-        _unused_parameters(plan, sorted(setup.partly_trained), discarded, idle)
+    drawn = random_layers(plan.analysis, setup)
+    if setup.partly_trained or discarded or idle or drawn:
+        _unused_parameters(plan, sorted(setup.partly_trained), discarded, idle, drawn)
     by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
     for node, reason in setup.unsharded:
         if by_rank:  # as accel-lint's ACL211, which stays quiet there
@@ -93,11 +94,12 @@ def _unused_parameters(
     models: list[str],
     discarded: dict[str, cst.Call],
     idle: dict[str, cst.Attribute],
+    drawn: dict[str, cst.CSTNode],
 ) -> None:
     """The optimizer trains part of a model (``encoder.fc.parameters()``), a training step
-    discards some of a model's outputs (``validity, _ = D(x)``), or a model's class builds a
-    submodule nothing calls: some parameters get no gradient, which DistributedDataParallel
-    stops on unless it is told to expect it."""
+    discards some of a model's outputs (``validity, _ = D(x)``), a model's class builds a
+    submodule nothing calls, or its forward draws how often it uses a layer: some parameters
+    get no gradient, which DistributedDataParallel stops on unless it is told to expect it."""
     handler = cst.parse_expression("[DistributedDataParallelKwargs(find_unused_parameters=True)]")
     plan.accelerator_kwargs["kwargs_handlers"] = handler
     plan.imports.add("DistributedDataParallelKwargs")
@@ -115,10 +117,21 @@ def _unused_parameters(
             f"get no gradient here: {expect} (find_unused_parameters=True)",
         )
     for model, attribute in idle.items():
+        name = attribute.attr.value
+        what = (
+            f"{model} builds {name} here and nothing in this file uses it, so its parameters "
+            "never get a gradient"
+            if key_of(attribute.value) == "self"
+            else f"{name} is attached to {model} here and no code in this file reads it, so its "
+            "parameters may get no gradient"
+        )
+        plan.changed(attribute, f"{what}: {expect} (find_unused_parameters=True)")
+    for model, control in drawn.items():
         plan.changed(
-            attribute,
-            f"{model} builds {attribute.attr.value} here and nothing in this file uses it, so "
-            f"its parameters never get a gradient: {expect} (find_unused_parameters=True)",
+            control,
+            f"{model}'s forward uses the layers under this a random number of times, so a step "
+            f"that draws none leaves their parameters without a gradient: {expect} "
+            "(find_unused_parameters=True)",
         )
 
 
