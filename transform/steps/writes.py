@@ -4,9 +4,13 @@ Every process runs the script, so ``save_image(...)``, ``plt.savefig(...)``, ``n
 ``with open(path, "w")`` block would write the same file N times at once, interleaved, and
 ``os.remove``/``os.makedirs`` would race (one process removes what another just removed). Each goes
 under ``if accelerator.is_main_process:``. A dataset built with ``download=True``, a function of
-the script that downloads, or an imported one named for it (``snapshot_download(...)``,
-``nltk.download(...)``) goes under ``with accelerator.main_process_first():``: the main process
-downloads, the others then read what it wrote.
+the script that downloads, an imported one named for it (``snapshot_download(...)``,
+``nltk.download(...)``) or a torchtext dataset (which downloads when absent) goes under
+``with accelerator.main_process_first():``: the main process downloads, the others then read
+what it wrote.
+
+Files the main process alone writes before training are followed by ``wait_for_everyone()``:
+the script may read them back on every process.
 
 A write that also runs the prepared model (``save_image(model(x), ...)``) is reported instead:
 every process has to run the model's forward together. So are loggers every process would open
@@ -37,6 +41,7 @@ def writes(plan: Plan) -> None:
     if plan.setup is None:
         return
     first: list[cst.BaseStatement] = []  # the statements already going to the main process first
+    guarded: list[cst.Call] = []
     for call, statement, how in side_effects(plan):
         if how == "fetches":
             plan.needs_human(
@@ -64,7 +69,42 @@ def writes(plan: Plan) -> None:
         else:
             _guard(plan, statement, accelerator)
             plan.changed(call, f"{_what(call)} runs on the main process only")
+            guarded.append(call)
+    _wait_after_data_writes(plan, guarded)
     _report_loggers(plan)
+
+
+def _wait_after_data_writes(plan: Plan, guarded: list[cst.Call]) -> None:
+    """Files the main process alone now writes before training (a split written to CSV, a
+    vocabulary) are often read back by every process right after: each run of statements of
+    the setup that writes them is followed by ``accelerator.wait_for_everyone()``. The wait
+    goes in the setup's own block, which every process runs (not inside an ``if`` that tests
+    whether the file exists, where a late process would skip it and leave the others waiting)."""
+    setup = plan.setup
+    assert setup is not None
+    at = setup.prepare_at
+    if at is None:
+        return
+    timeline = setup.timeline
+    writing = {}  # position in the setup's block -> (statement, the first write it holds)
+    for call in guarded:
+        for anchor in timeline.anchors(call) or ():
+            top = timeline.top_in(at.block, anchor)
+            if top is not None and (index := timeline.index(at.block, top)) < at.index:
+                writing.setdefault(index, (top, call))
+    for index, (statement, call) in sorted(writing.items()):
+        if index + 1 in writing:
+            continue  # the wait goes after the last of consecutive writing statements
+        accelerator = plan.accelerator(call)
+        wait = plan.statement(
+            f"{plan.analysis.module.code_for_node(accelerator)}.wait_for_everyone()\n"
+        )
+        plan.edits.insert_after(statement, wait)
+        plan.changed(
+            statement,
+            "the other processes wait here for the files the main process wrote, before "
+            "they read them",
+        )
 
 
 def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]]:
@@ -191,7 +231,7 @@ def _downloaded_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
         _download_flag(call)
         or (local is not None and _fetches(plan, local))
         or qualified in plan.fetching_imports
-        or (qualified is not None and _named_download(qualified))
+        or (qualified is not None and (_named_download(qualified) or _fetching_dataset(qualified)))
     )
     return _alone(plan, call) if downloads else None
 
@@ -202,6 +242,15 @@ def _named_download(qualified: str) -> bool:
     instead (see ``FETCHES``)."""
     last = qualified.rsplit(".", 1)[-1]
     return "download" in last.lower() and last not in FETCHES
+
+
+def _fetching_dataset(qualified: str) -> bool:
+    """A dataset of a package that downloads it when it is not on disk, with no flag to say so:
+    torchtext's (``IMDB.splits(text, label)``, ``IMDB(root, split)``), Keras's ``load_data()``."""
+    return qualified.startswith(_FETCHING_DATASETS)
+
+
+_FETCHING_DATASETS = ("torchtext.datasets.", "torchtext.legacy.datasets.", "keras.datasets.")
 
 
 def _fetches(plan: Plan, function: Scope) -> bool:
