@@ -118,7 +118,8 @@ def _refuse_training_elsewhere(plan: Plan) -> None:
             raise Refused(
                 call,
                 f"this training step in {scope.name}() does not run from "
-                f"{setup.scope.name}(), where its objects are built; convert by hand",
+                f"{setup.scope.name}(), where the objects accel-convert would prepare are built: "
+                "a step outside their setup would stay unconverted; convert by hand",
             )
 
 

@@ -21,7 +21,7 @@ from accelify.transform.setup import Refused
 from accelify.transform.steps.moves import device_move
 from accelify.transform.steps.prepare import LINE_LENGTH
 from accelify.transform.steps.prepare import depth as _depth
-from accelify.transform.steps.writes import side_effects
+from accelify.transform.steps.writes import first_statement, side_effects
 
 _SOURCES = {
     "accelify": dict.fromkeys(
@@ -131,7 +131,11 @@ def _creation_point(plan: Plan) -> Point:
     ]
     # Disk effects before the builds (a download, a folder made) go to the main process: the
     # accelerator should exist by then.
-    early = [n for _c, statement, _how in side_effects(plan) for n in t.anchors(statement) or ()]
+    early = [
+        n
+        for _c, statement, how in side_effects(plan)
+        for n in t.anchors(first_statement(plan, statement, how)) or ()
+    ]
     builds += [t.index(block, top) for n in early if (top := t.top_in(block, n)) is not None]
     index = min([limit, *musts, *builds])
     needed = {name.value for v in _kwargs(plan).values() for name in names_in(v)}

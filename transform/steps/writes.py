@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import libcst as cst
 
-from accelify.transform.analysis import Scope, key_of
+from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
@@ -42,13 +42,10 @@ def writes(plan: Plan) -> None:
         return
     first: list[cst.BaseStatement] = []  # the statements already going to the main process first
     guarded: list[cst.Call] = []
-    for call, statement, how in side_effects(plan):
+    effects = list(side_effects(plan))
+    fetches = [call for call, _statement, how in effects if how == "fetches"]
+    for call, statement, how in effects:
         if how == "fetches":
-            plan.needs_human(
-                call,
-                "every process downloads or extracts here at once: do it on the main process "
-                "(if accelerator.is_main_process:), then accelerator.wait_for_everyone()",
-            )
             continue
         if _runs_model(plan, statement):
             plan.needs_human(
@@ -64,14 +61,30 @@ def writes(plan: Plan) -> None:
             )
             continue
         if how == "downloads":
-            _first(plan, statement, accelerator, first)
-            plan.changed(call, "downloads on the main process first (main_process_first)")
+            _first(plan, call, statement, accelerator, first)
         else:
             _guard(plan, statement, accelerator)
             plan.changed(call, f"{_what(call)} runs on the main process only")
             guarded.append(call)
+    _report_fetches(plan, fetches, first)
     _wait_after_data_writes(plan, guarded)
     _report_loggers(plan)
+
+
+def _report_fetches(plan: Plan, fetches: list[cst.Call], first: list[cst.BaseStatement]) -> None:
+    """Download code written out (``requests.get``, ``extractall``) is the script's to move; in a
+    function every call of which now runs on the main process first, it already does."""
+    a = plan.analysis
+    for call in fetches:
+        function = a.scope_of[id(call)]
+        callers = [c for c, _where in a.calls if a.callee(c) is function]
+        if callers and all(any(a.contains(s, c) for s in first) for c in callers):
+            continue
+        plan.needs_human(
+            call,
+            "every process downloads or extracts here at once: do it on the main process "
+            "(if accelerator.is_main_process:), then accelerator.wait_for_everyone()",
+        )
 
 
 def _wait_after_data_writes(plan: Plan, guarded: list[cst.Call]) -> None:
@@ -123,6 +136,13 @@ def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]
             yield call, line, "fetches"
 
 
+def first_statement(plan: Plan, statement: cst.BaseStatement, how: str) -> cst.BaseStatement:
+    """Where a disk effect starts once moved: a download's disk test may come before it, and
+    the accelerator has to exist there."""
+    span = _deciding_span(plan, statement) if how == "downloads" else None
+    return span[0] if span is not None else statement
+
+
 def _guard(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
     test = cst.Attribute(accelerator, cst.Name("is_main_process"))
     _enclose(plan, statement, lambda body: cst.If(test=test, body=body))
@@ -130,51 +150,94 @@ def _guard(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpres
 
 def _first(
     plan: Plan,
+    call: cst.Call,
     statement: cst.BaseStatement,
     accelerator: cst.BaseExpression,
     done: list[cst.BaseStatement],
 ) -> None:
-    whole = _deciding_if(plan, statement)
-    if any(plan.analysis.contains(d, whole) for d in done):  # a second download under one ``if``
+    """Put the download, with the disk test that decides it, under ``main_process_first()``."""
+    a = plan.analysis
+    span = _deciding_span(plan, statement)
+    if span is None:
+        plan.needs_human(
+            call,
+            "every process downloads here, under a test of the disk made apart from it: a "
+            "process testing after the main one wrote the files would skip the download and "
+            "any wait around it; test and download together under accelerator."
+            "main_process_first()",
+        )
         return
-    done.append(whole)
-    item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
-    _enclose(plan, whole, lambda body: cst.With(items=[item], body=body))
+    first, last = span
+    if not any(a.contains(d, last) for d in done):  # a second download under one ``if``
+        done.append(last)
+        item = cst.WithItem(cst.Call(cst.Attribute(accelerator, cst.Name("main_process_first"))))
+        if first is last:
+            _enclose(plan, last, lambda body: cst.With(items=[item], body=body))
+        else:
+            plan.edits.wrap(first, last, cst.With(items=[item], body=cst.IndentedBlock(body=[])))
+    plan.changed(call, "downloads on the main process first (main_process_first)")
 
 
-def _deciding_if(plan: Plan, statement: cst.BaseStatement) -> cst.BaseStatement:
-    """The ``if`` that tests the disk before ``statement`` downloads, else ``statement`` itself.
+def _deciding_span(
+    plan: Plan, statement: cst.BaseStatement
+) -> tuple[cst.BaseStatement, cst.BaseStatement] | None:
+    """The statements to run on the main process first for a download: itself, or the ``if``
+    that tests the disk before it with the ``try`` or ``with`` blocks between them; None when
+    that test is made apart (a name bound away from the ``if``).
 
     ``main_process_first()`` waits for every process: under ``if not os.path.exists(path):`` a
     process testing after the main one started writing would skip the wait and leave the others
-    waiting for it, so that test goes inside too. An ``if`` on anything else (a flag, the
-    ``__main__`` guard) is the same on every process and stays outside, and so does one that
-    also loops (it may train: every process must run that together)."""
+    waiting for it, so that test goes inside too, and so does ``ready = all(p.exists() ...)``
+    right before ``if not ready:`` (the other processes then test again, once the files are
+    there). An ``if`` on anything else (a flag, the ``__main__`` guard) is the same on every
+    process and stays outside, and so does one that also loops (it may train: every process
+    must run that together)."""
     a = plan.analysis
-    block = a.parent(statement)
-    owner = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if isinstance(owner, cst.Else):
-        owner = a.parent(owner)
-    while isinstance(a.parent(owner), cst.If) and a.parent(owner).orelse is owner:  # type: ignore[union-attr]
-        owner = a.parent(owner)  # an ``elif``: the chain starts at the first ``if``
-    if not isinstance(owner, cst.If) or not _tests_disk(plan, owner):
-        return statement
-    loops = any(nodes(owner, cst.For)) or any(nodes(owner, cst.While))
-    return statement if loops else owner
-
-
-def _tests_disk(plan: Plan, branch: cst.If) -> bool:
-    """Whether the tests of an ``if``/``elif`` chain ask the disk what is there."""
+    owner: cst.CSTNode | None = statement
+    while True:
+        block = a.parent(owner)  # type: ignore[arg-type]
+        owner = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.Else | cst.ExceptHandler | cst.Finally):
+            owner = a.parent(owner)
+        if not isinstance(owner, cst.Try | cst.With):
+            break
+    while isinstance(a.parent(owner), cst.If) and a.parent(owner).orelse is owner:  # type: ignore[union-attr, arg-type]
+        owner = a.parent(owner)  # type: ignore[arg-type]  # an ``elif``: the chain's first ``if``
+    if not isinstance(owner, cst.If) or any(nodes(owner, cst.For)) or any(nodes(owner, cst.While)):
+        return statement, statement
     tests = []
-    current: cst.CSTNode | None = branch
+    current: cst.CSTNode | None = owner
     while isinstance(current, cst.If):
         tests.append(current.test)
         current = current.orelse
-    names = plan.analysis.names
+    if any(_tests_disk(plan, test) for test in tests):
+        return owner, owner
+    scope = a.scope_of.get(id(owner))
+    read = {n.value for test in tests for n in nodes(test, cst.Name)}  # type: ignore[attr-defined]
+    bound = [
+        a.statement_of(b.node)
+        for b in a.bindings
+        if b.scope is scope and b.key in read and b.value is not None and _tests_disk(plan, b.value)
+    ]
+    if not bound:
+        return statement, statement
+    before = _previous(a, owner)
+    return (before, owner) if before is not None and all(s is before for s in bound) else None
+
+
+def _previous(a: Analysis, statement: cst.CSTNode) -> cst.BaseStatement | None:
+    block = a.parent(statement)
+    body = list(block.body) if isinstance(block, cst.IndentedBlock | cst.Module) else []
+    at = next((i for i, s in enumerate(body) if s is statement), 0)
+    return body[at - 1] if at > 0 else None
+
+
+def _tests_disk(plan: Plan, expression: cst.CSTNode) -> bool:
+    """Whether ``expression`` asks the disk what is there (``os.path.exists(p)``,
+    ``(root / name).exists()``)."""
     return any(
-        names.last_part(call.func) in _DISK_TESTS
-        for test in tests
-        for call in nodes(test, cst.Call)
+        (plan.analysis.names.last_part(call.func) or callee_name(call)) in _DISK_TESTS  # type: ignore[attr-defined]
+        for call in nodes(expression, cst.Call)
     )
 
 
