@@ -28,9 +28,9 @@ VERDICTS = HERE / "convert_verdicts.csv"
 # What the converter of ebb7962 did with repositories no one had reviewed before, judged before
 # anything was changed for them: the rate users meet on code the project never studied.
 FIRST_SIGHT = HERE / "first_sight.csv"
-# The same for 13 repositories of LLM training code and tutorials, at 3d10904. Its faults are not
-# all fixed yet, so its rows are not in VERDICTS; ``--verdicts`` re-checks them as they were.
-FIRST_SIGHT_PENDING = HERE / "first_sight_llm_tutorials.csv"
+# The same for 13 repositories of LLM training code and tutorials, at 3d10904.
+FIRST_SIGHT_LLM = HERE / "first_sight_llm_tutorials.csv"
+FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM)
 VERDICTS_ALLOWED = frozenset(
     {"correct-full", "correct-partial", "refused-with-reason", "unchanged-no-training"}
 )
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Counter((r.path.split("/", 1)[0], r.verdict) for r in rows)
     for (repo, verdict), count in sorted(table.items()):
         print(f"{repo:40} {verdict:24} {count}")
-    if FIRST_SIGHT.exists():
-        print("\n".join(rates(load(FIRST_SIGHT), rows)))
+    for first in FIRST_SIGHTS:
+        print(f"\n{first.name}:\n" + "\n".join(rates(load(first), rows)))
     problems = check(args.root, rows)
     for problem in problems:
         print(problem, file=sys.stderr)
