@@ -91,6 +91,11 @@ def _code_lines(text: str) -> list[str]:
     return [line for line in text.split("\n") if line.strip() and not line.lstrip().startswith("#")]
 
 
+# Scripts whose conversion moves two top-level statements into one block: cut into a cell each,
+# they cannot be (a block cannot span cells), and the notebook reports the place instead.
+_ONE_BLOCK = {"report/download_behind_a_name": "under a test of the disk made apart from it"}
+
+
 @pytest.mark.parametrize("case", cases(), ids=case_id)
 def test_every_golden_script_converts_the_same_cut_into_cells(case: Path) -> None:
     script = case.read_text()
@@ -99,6 +104,9 @@ def test_every_golden_script_converts_the_same_cut_into_cells(case: Path) -> Non
     cells = statement_cells(script)
     result = convert_notebook(book(*cells), Options(), "nb.ipynb")
     assert not [n for n in result.notes if "notebook left unchanged" in n.message]
+    if (reported := _ONE_BLOCK.get(case_id(case))) is not None:
+        assert any(n.manual and reported in n.message for n in result.notes)
+        return
     converted = "\n".join(_code_sources(result.code))
     assert _code_lines(converted) == _code_lines(convert(script, Options()).code)
 
