@@ -28,8 +28,13 @@ class EveryProcessRule(Rule):
         if not self.facts.creates_accelerator:
             return
         for call, where, accelerator in self._candidates:
-            if self.facts.runs_on(where) == "all":
+            if self.facts.runs_on(where) == "all" and not self.excused(where):
                 self.flag(call, accelerator)
+
+    def excused(self, where: Where) -> bool:
+        """Whether a rule lets code every process runs pass there (a download run on the main
+        process first)."""
+        return False
 
     def flag(self, call: cst.Call, accelerator: str | None) -> None:
         """Report ``call``, which every process runs; ``accelerator`` names one for a fix."""

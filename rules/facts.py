@@ -76,6 +76,7 @@ class Where:
     branch: tuple[cst.If, int] | None = (
         None  # the innermost guard ``if`` and side (1 body, -1 else)
     )
+    first: bool = False  # under ``with accelerator.main_process_first():``
 
 
 @dataclass(eq=False)
@@ -114,6 +115,7 @@ class _Scope:
     params: frozenset[str]
     guard: int = 0
     others: int = 0
+    first: int = 0  # open ``main_process_first()`` blocks
     branches: list[tuple[cst.If, int, int]] = field(default_factory=list)  # if, side, polarity
     prepared: dict[str, Prepared | None] = field(default_factory=dict)
     parts: dict[str, Prepared | None] = field(default_factory=dict)  # batch name -> its loader
@@ -339,7 +341,7 @@ class Facts:
         function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
         visible = bool(self._visible_accelerators())
         branch = next(((n, side) for n, side, p in reversed(scope.branches) if p), None)
-        return Where(function, scope.guard > 0, scope.others > 0, visible, branch)
+        return Where(function, scope.guard > 0, scope.others > 0, visible, branch, scope.first > 0)
 
     def runs_on(self, where: Where) -> RunsOn:
         """Which processes run code at ``where``: the main one, the others, all, or unknown."""
@@ -351,6 +353,30 @@ class Facts:
             return "all"
         reach = self._reachability().get(where.function, set())
         return next((kind for kind in ("all", "main", "others") if kind in reach), "unknown")
+
+    def runs_first(self, where: Where) -> bool:
+        """Whether code at ``where`` runs under ``main_process_first()``: in such a block, or in
+        a function every call of which (in this file) is, itself or through its callers."""
+        if where.first:
+            return True
+        if where.function is None:
+            return False
+        return where.function in self._first_only()
+
+    def _first_only(self) -> set[cst.FunctionDef]:
+        """The functions run only from ``main_process_first()`` blocks: the largest set in
+        which every call site is in such a block or in a function of the set."""
+        called = {f for name, _w in self._sites for f in self.functions.get(name, ())}
+        found = set(called)
+        changed = True
+        while changed:
+            changed = False
+            for name, where in self._sites:
+                for function in self.functions.get(name, ()):
+                    if function in found and not (where.first or where.function in found):
+                        found.discard(function)
+                        changed = True
+        return found
 
     def innermost_loop(self) -> Loop | None:
         """The innermost loop around this point in the current function."""
@@ -566,6 +592,12 @@ class Facts:
                 for a in call.args
             )
 
+    def visit_With(self, node: cst.With) -> None:
+        self._scopes[-1].first += _main_first(node)
+
+    def leave_With(self, node: cst.With) -> None:
+        self._scopes[-1].first -= _main_first(node)
+
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
             self._forget(target_names(node.asname.name))
@@ -719,3 +751,13 @@ class Facts:
                         changed = True
         self._reach = reach
         return reach
+
+
+def _main_first(node: cst.With) -> int:
+    """1 for ``with accelerator.main_process_first():`` (or its per-machine form), else 0."""
+    return int(
+        any(isinstance(i.item, cst.Call) and callee_name(i.item) in _FIRST for i in node.items)
+    )
+
+
+_FIRST = frozenset({"main_process_first", "local_main_process_first"})

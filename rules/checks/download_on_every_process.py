@@ -5,14 +5,13 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.every_process import EveryProcessRule
-from accelify.rules.facts import Facts
-from accelify.rules.rule import Invalid, Report, Severity
+from accelify.rules.facts import Where
+from accelify.rules.rule import Invalid, Severity
 from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, keyword_arg
 
 # Fetching a URL into memory (``urlopen``) is N requests, not N writers of one file.
 _WRITING_FETCHES = FETCHES - {"urlopen"}
-_FIRST = frozenset({"main_process_first", "local_main_process_first"})
 
 
 class DownloadOnEveryProcess(EveryProcessRule):
@@ -21,7 +20,8 @@ class DownloadOnEveryProcess(EveryProcessRule):
     ## What it does
     In a script that creates an `Accelerator`, flags `urlretrieve`, `download_url`,
     `download_and_extract_archive`, `extractall` and `download=True` datasets that run on every
-    process: outside a main-process guard and outside `with accelerator.main_process_first():`.
+    process: outside a main-process guard and outside `with accelerator.main_process_first():`
+    (itself, or every call of the function it sits in).
 
     ## Why is this bad?
     N processes write the same files at the same time: a process can read a half-written
@@ -51,6 +51,8 @@ class DownloadOnEveryProcess(EveryProcessRule):
         "    urllib.request.urlretrieve(URL, 'data.tgz')\naccelerator.wait_for_everyone()\n",
         "accelerator = Accelerator()\nconfig = json.load(urllib.request.urlopen(URL))\n",
         "train_set = datasets.MNIST('data', download=True)  # no Accelerator\n",
+        "def fetch():\n    urllib.request.urlretrieve(URL, 'data.tgz')\n\n\n"
+        "accelerator = Accelerator()\nwith accelerator.main_process_first():\n    fetch()\n",
     )
     INVALID = (
         Invalid(
@@ -65,23 +67,14 @@ class DownloadOnEveryProcess(EveryProcessRule):
         ),
     )
 
-    def __init__(self, facts: Facts, reports: list[Report]) -> None:
-        super().__init__(facts, reports)
-        self._first = 0  # open ``with accelerator.main_process_first():`` blocks
-
-    def visit_With(self, node: cst.With) -> None:
-        self._first += _main_first(node)
-
-    def leave_With(self, node: cst.With) -> None:
-        self._first -= _main_first(node)
-
     def visit_Call(self, node: cst.Call) -> None:
-        if self._first:
-            return
         download = keyword_arg(node, "download")
         flagged = isinstance(download, cst.Arg) and _is_true(download.value)
         if flagged or callee_name(node) in _WRITING_FETCHES:
             self.candidate(node, fixable=False)
+
+    def excused(self, where: Where) -> bool:
+        return self.facts.runs_first(where)
 
     def flag(self, call: cst.Call, accelerator: str | None) -> None:
         self.report(
@@ -90,12 +83,6 @@ class DownloadOnEveryProcess(EveryProcessRule):
             "`with accelerator.main_process_first():` (or on the main process, then "
             "`accelerator.wait_for_everyone()`)",
         )
-
-
-def _main_first(node: cst.With) -> int:
-    return int(
-        any(isinstance(i.item, cst.Call) and callee_name(i.item) in _FIRST for i in node.items)
-    )
 
 
 def _is_true(value: cst.BaseExpression) -> bool:

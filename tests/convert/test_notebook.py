@@ -93,7 +93,7 @@ def _code_lines(text: str) -> list[str]:
 
 # Scripts whose conversion moves two top-level statements into one block: cut into a cell each,
 # they cannot be (a block cannot span cells), and the notebook reports the place instead.
-_ONE_BLOCK = {"report/download_behind_a_name": "under a test of the disk made apart from it"}
+_ONE_BLOCK = {"report/download_behind_a_name": "the test of the disk that decides it is made apart"}
 
 
 @pytest.mark.parametrize("case", cases(), ids=case_id)

@@ -161,10 +161,10 @@ def _first(
     if span is None:
         plan.needs_human(
             call,
-            "every process downloads here, under a test of the disk made apart from it: a "
-            "process testing after the main one wrote the files would skip the download and "
-            "any wait around it; test and download together under accelerator."
-            "main_process_first()",
+            "every process downloads here at once: the test of the disk that decides it is "
+            "made apart from its if, and a wait there would hang (a process testing after the "
+            "main one wrote the files skips it); test and download together under "
+            "accelerator.main_process_first()",
         )
         return
     first, last = span
