@@ -10,6 +10,7 @@ equal replicas.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -64,17 +65,38 @@ def _run_two(code: str, model: str, tmp_path: Path) -> subprocess.CompletedProce
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK"))}
     command = [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(script)]
-    process = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+    # Output goes to files: a worker that outlived its agent would hold a pipe open forever.
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        process = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True
+        )
+        try:
+            code = process.wait(timeout=HANG)
+            hung = ""
+        except subprocess.TimeoutExpired:  # a process waits for another in the all-reduce
+            _stop(process, script)
+            code, hung = -signal.SIGKILL, "\n(hung)"
+    out_text, err_text = ((tmp_path / f).read_text() for f in ("out.txt", "err.txt"))
+    return subprocess.CompletedProcess(command, code, out_text, err_text + hung)
+
+
+def _stop(process: subprocess.Popen, script: Path) -> None:
+    """End a hung run and its workers. SIGTERM first: the elastic agent then stops the workers
+    it started in sessions of their own, which a SIGKILL of its group would leave running."""
+    os.killpg(process.pid, signal.SIGTERM)
     try:
-        out, err = process.communicate(timeout=HANG)
-    except subprocess.TimeoutExpired:  # a process waits for another in the all-reduce: a hang
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        return subprocess.CompletedProcess(command, -signal.SIGKILL, out, err + "\n(hung)")
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
+        process.wait()
+    for proc in Path("/proc").iterdir():  # any worker still running this script
+        try:
+            running = str(script) in (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if running and proc.name.isdigit():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def _weights(result: subprocess.CompletedProcess[str]) -> dict[str, float]:
