@@ -17,6 +17,7 @@ Exit 1 when any mutant is WRONG or UNCHANGED-WITHOUT-REASON.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -290,10 +291,21 @@ def _append(code: str) -> Edit:
     return lambda block: block.with_changes(body=[*_body(block), *_statements(code)])
 
 
-def wrapped_in_data_parallel(module: cst.Module, a: Anchors) -> cst.Module:
-    """``model = torch.nn.DataParallel(model)`` (a CPU host runs the module itself)."""
+def wrapped_in_data_parallel(module: cst.Module, a: Anchors) -> cst.Module | None:
+    """``model = torch.nn.DataParallel(model)`` (a CPU host runs the module itself); not where
+    the script calls a method of its own class on the model (``model.init_hidden(...)``), which
+    the wrapper does not have: that mutant would fail before any conversion."""
+    called = set(re.findall(rf"\b{re.escape(a.model)}\.(\w+)\(", module.code))
+    if called - _MODULE_METHODS:
+        return None
     wrap = f"{a.model} = torch.nn.DataParallel({a.model})\n"
     return _edit(module, (a.optimizer_stmt, _around(before=wrap)))
+
+
+_MODULE_METHODS = frozenset(
+    {"train", "eval", "parameters", "named_parameters", "state_dict", "load_state_dict", "to",
+     "cuda", "cpu", "zero_grad", "modules", "children", "apply", "forward", "requires_grad_"}
+)  # fmt: skip
 
 
 MUTATORS: dict[str, Callable[[cst.Module, Anchors], cst.Module | None]] = {
