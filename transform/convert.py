@@ -283,11 +283,13 @@ def _explain_hidden_step(plan: Plan) -> None:
                 return
     for call, scope in a.calls:
         name = callee_name(call) or ""
-        if a.callee(call) is not None or not call.args:
+        launcher = name.startswith(("train", "fit"))  # train_model_simple, d2l.train_ch3
+        if not (launcher or "TrainLoop" in name or name == "run_loop") or not call.args:
+            continue
+        if a.callee(call) is not None:
             continue
         func = a.module.code_for_node(call.func)
         handed = _training_objects_handed(a, scope, call)
-        launcher = name.startswith(("train", "fit"))  # train_model_simple, d2l.train_ch3
         if launcher and handed:  # nothing here for the linter: the step is in the other file
             plan.info(
                 call,
