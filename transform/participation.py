@@ -82,15 +82,20 @@ def idle_submodules(a: Analysis, setup: Setup) -> dict[str, cst.Attribute]:
     nn.Linear(...)`` attached from outside, with no ``.head`` read anywhere. A class that reaches
     its submodules by name or by iteration is left alone."""
     found: dict[str, cst.Attribute] = {}
+    for model, cls in _built_models(a, setup):
+        idle = _idle_in(a, cls, set()) or _attached_idle(a, setup, model, cls)
+        if idle is not None:
+            found[model] = idle
+    return found
+
+
+def _built_models(a: Analysis, setup: Setup) -> Iterator[tuple[str, str]]:
+    """(prepared model, the class its build calls) for each model the setup builds itself."""
+    models = setup.models(a)
     for b in setup.prepared:
         value = unwrap_moves(b.value) if b.value is not None else None
-        if b.key not in setup.models(a) or not isinstance(value, cst.Call):
-            continue
-        cls = a.names.last_part(value.func) or ""
-        idle = _idle_in(a, cls, set()) or _attached_idle(a, setup, b.key, cls)
-        if idle is not None:
-            found[b.key] = idle
-    return found
+        if b.key in models and isinstance(value, cst.Call):
+            yield b.key, a.names.last_part(value.func) or ""
 
 
 def random_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
@@ -98,16 +103,13 @@ def random_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
     that a random draw decides (``for _ in range(random.randint(0, 3))``): a step that draws
     none leaves the layers under it without a gradient, seeded or not."""
     found: dict[str, cst.CSTNode] = {}
-    for b in setup.prepared:
-        value = unwrap_moves(b.value) if b.value is not None else None
-        if b.key not in setup.models(a) or not isinstance(value, cst.Call):
-            continue
-        forward = a.methods.get(a.names.last_part(value.func) or "", {}).get("forward")
+    for model, cls in _built_models(a, setup):
+        forward = a.methods.get(cls, {}).get("forward")
         controls = nodes(forward.node, (cst.For, cst.While, cst.If)) if forward else ()
         for control in controls:
             decider = control.iter if isinstance(control, cst.For) else control.test  # type: ignore[attr-defined]
             if any(random_draw(call, a.names) for call in nodes(decider, cst.Call)):  # type: ignore[arg-type]
-                found[b.key] = control
+                found[model] = control
                 break
     return found
 
