@@ -180,6 +180,22 @@ def _rank_comparison(test: cst.Comparison) -> int:
     return 0
 
 
+def batches_walked(
+    iterable: cst.BaseExpression, target: cst.BaseExpression
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """What a ``for`` walks under its wrappers (``enumerate(tqdm(loader))``), and the part of
+    its target bound to the items; None when the target does not unpack as ``enumerate`` gives."""
+    while isinstance(iterable, cst.Call) and callee_name(iterable) in _ITER_WRAPPERS:
+        if not iterable.args:
+            return None
+        if callee_name(iterable) == "enumerate":
+            if not isinstance(target, cst.Tuple) or len(target.elements) != 2:
+                return None
+            target = target.elements[1].value
+        iterable = iterable.args[0].value
+    return iterable, target
+
+
 def prepare_call(value: cst.BaseExpression | None, facts: Facts) -> cst.Call | None:
     """``value`` as ``<accelerator>.prepare(...)``, else None."""
     if (
@@ -326,10 +342,11 @@ class Facts:
 
     def accelerator_here(self) -> str | None:
         """The one accelerator name visible at this point, for fixes that must name it."""
-        names = self._visible_accelerators()
+        names = self.visible_accelerators()
         return names.pop() if len(names) == 1 else None
 
-    def _visible_accelerators(self) -> set[str]:
+    def visible_accelerators(self) -> set[str]:
+        """The names that hold an accelerator at this point, in this scope or around it."""
         names: set[str] = set()
         for scope in self._scopes:
             names |= scope.accelerators
@@ -339,7 +356,7 @@ class Facts:
     def where(self) -> Where:
         scope = self._scopes[-1]
         function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
-        visible = bool(self._visible_accelerators())
+        visible = bool(self.visible_accelerators())
         branch = next(((n, side) for n, side, p in reversed(scope.branches) if p), None)
         return Where(function, scope.guard > 0, scope.others > 0, visible, branch, scope.first > 0)
 
@@ -692,18 +709,11 @@ class Facts:
         self, iterable: cst.BaseExpression, target: cst.BaseExpression
     ) -> tuple[Prepared | None, cst.BaseExpression | None]:
         """The prepared loader a ``for`` walks and the part of its target bound to batches."""
-        while isinstance(iterable, cst.Call) and callee_name(iterable) in _ITER_WRAPPERS:
-            if not iterable.args:
-                return None, None
-            if callee_name(iterable) == "enumerate":
-                if not isinstance(target, cst.Tuple) or len(target.elements) != 2:
-                    return None, None
-                target = target.elements[1].value
-            iterable = iterable.args[0].value
-        loader = self.prepared(iterable)
-        if loader is None or loader.role is not Role.DATALOADER:
+        walked = batches_walked(iterable, target)
+        loader = self.prepared(walked[0]) if walked is not None else None
+        if walked is None or loader is None or loader.role is not Role.DATALOADER:
             return None, None
-        return loader, target
+        return loader, walked[1]
 
     def _lookup(self, name: str | None, kind: Literal["prepared", "parts"]) -> Prepared | None:
         if name is None:

@@ -7,7 +7,7 @@ import builtins
 import libcst as cst
 
 from accelify.rules.build import with_keyword
-from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.every_process import EveryProcessRule, Reach
 from accelify.rules.facts import Facts, first_shared_call, mentions_rank, name_role
 from accelify.rules.imports import ImportsRule
 from accelify.rules.rule import Invalid, Report, Severity
@@ -19,7 +19,6 @@ from accelify.transform.patterns import Role, callee_name, disk_writer, dotted_n
 _REMOVERS = frozenset({"remove", "unlink", "rmtree"})
 _FOLDER_MAKERS = frozenset({"makedirs", "mkdir"})
 _NOT_WRITES = frozenset({"show"})
-_GUARD = "`if accelerator.is_main_process:`"
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -148,22 +147,23 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
         writer = disk_writer(call, self.names)
         if writer is None or writer in _NOT_WRITES or any(mentions_rank(a) for a in call.args):
             return
-        message = self._message(call, writer)
+        message = self._message(call, writer, f"`if {self.reach().test()}:`")
         if message is not None:
             fixable = writer == "makedirs" and _argument(call, "exist_ok", 2) is None
             self._found[call] = message, fixable
             self.candidate(call, fixable=False)
 
-    def _message(self, call: cst.Call, writer: str) -> str | None:
-        """What goes wrong and what to do, or None for a form that is fine on every process."""
+    def _message(self, call: cst.Call, writer: str, guard: str) -> str | None:
+        """What goes wrong and what to do (under ``guard``), or None for a form that is fine on
+        every process."""
         if writer in _REMOVERS:
             if self._tolerant or _given(call, "ignore_errors", 1):
                 return None
-            message = (
+            return (
                 "every process removes this at once: all but the first can fail with "
-                f"FileNotFoundError; remove it on the main process only ({_GUARD})"
+                f"FileNotFoundError; remove it on the main process only ({guard})"
             )
-        elif writer in _FOLDER_MAKERS:
+        if writer in _FOLDER_MAKERS:
             if self._tolerant or _given(call, "exist_ok", 2):
                 return None
             instead = "pass" if writer == "makedirs" else "use `os.makedirs(...)` with"
@@ -171,28 +171,23 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
                 "every process makes this folder at once: all but the first can fail with "
                 f"FileExistsError; {instead} `exist_ok=True`"
             )
-        elif (shared := first_shared_call(call, self.facts)) is not None:
-            message = (
+        if (shared := first_shared_call(call, self.facts)) is not None:
+            return (
                 f"every process writes this file at once, and it also runs `{shared}`, which "
                 "every process must run together: run it on every process first, then write "
-                f"on the main process only ({_GUARD})"
+                f"on the main process only ({guard})"
             )
-        elif _may_run_model(call, self.names):
-            message = (
+        if _may_run_model(call, self.names):
+            return (
                 "every process writes this file at once; compute what it writes on every "
                 "process first (it may run a model), then write on the main process only "
-                f"({_GUARD})"
+                f"({guard})"
             )
-        else:
-            message = (
-                "every process writes this file at once; write it on the main process only "
-                f"({_GUARD})"
-            )
-        if not self.facts.where().accelerator:
-            message += "; no accelerator is in reach here yet: create it before, or pass it in"
-        return message
+        return (
+            f"every process writes this file at once; write it on the main process only ({guard})"
+        )
 
-    def flag(self, call: cst.Call, accelerator: str | None) -> None:
+    def flag(self, call: cst.Call, reach: Reach) -> None:
         message, fixable = self._found[call]
         new = with_keyword(call, "exist_ok", cst.Name("True")) if fixable else None
         self.report(call, message, new=new, safe=False)

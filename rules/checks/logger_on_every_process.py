@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.every_process import EveryProcessRule, Reach
 from accelify.rules.rule import Invalid, Severity
 from accelify.transform.patterns import callee_name, dotted_name
 
@@ -70,10 +70,10 @@ class LoggerOnEveryProcess(EveryProcessRule):
         ):
             self.candidate(node, fixable=False)
 
-    def flag(self, call: cst.Call, accelerator: str | None) -> None:
+    def flag(self, call: cst.Call, reach: Reach) -> None:
         what = "wandb run" if dotted_name(call.func) == "wandb.init" else callee_name(call)
         self.report(
             call,
             f"every process opens its own {what} here; open it, and log, on the main process "
-            "only (`if accelerator.is_main_process:`)",
+            f"only (`if {reach.test()}:`)",
         )

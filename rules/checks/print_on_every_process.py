@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import method_call
-from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.every_process import EveryProcessRule, Reach
 from accelify.rules.rule import Invalid, Severity
 from accelify.transform.patterns import keyword_arg
 
@@ -61,7 +61,7 @@ class PrintOnEveryProcess(EveryProcessRule):
         ):
             self.candidate(node)
 
-    def flag(self, call: cst.Call, accelerator: str | None) -> None:
-        message = "prints on every process; use `accelerator.print`"
-        new = method_call(accelerator, "print", call.args) if accelerator else None
+    def flag(self, call: cst.Call, reach: Reach) -> None:
+        message = f"prints on every process; use `{reach.name or 'PartialState()'}.print`"
+        new = method_call(reach.fix, "print", call.args) if reach.fix else None
         self.report(call, message, new=new, safe=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import name_expr, with_keyword
-from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.every_process import EveryProcessRule, Reach
 from accelify.rules.rule import Invalid, Severity
 from accelify.transform.patterns import callee_name, keyword_arg
 
@@ -62,13 +62,11 @@ class ProgressBarOnEveryProcess(EveryProcessRule):
         if callee_name(node) in _BARS and keyword_arg(node, "disable") is None:
             self.candidate(node)
 
-    def flag(self, call: cst.Call, accelerator: str | None) -> None:
-        message = (
-            "every process draws this progress bar; "
-            "pass `disable=not accelerator.is_local_main_process`"
-        )
-        if accelerator is None:
+    def flag(self, call: cst.Call, reach: Reach) -> None:
+        test = reach.test("is_local_main_process")
+        message = f"every process draws this progress bar; pass `disable=not {test}`"
+        if reach.fix is None:
             self.report(call, message)
             return
-        disable = cst.UnaryOperation(cst.Not(), name_expr(f"{accelerator}.is_local_main_process"))
+        disable = cst.UnaryOperation(cst.Not(), name_expr(f"{reach.fix}.is_local_main_process"))
         self.report(call, message, new=with_keyword(call, "disable", disable))

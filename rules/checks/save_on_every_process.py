@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.build import method_call
-from accelify.rules.every_process import EveryProcessRule
+from accelify.rules.every_process import EveryProcessRule, Reach
 from accelify.rules.facts import Facts, first_shared_call, mentions_rank
 from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
@@ -152,27 +152,27 @@ class SaveOnEveryProcess(EveryProcessRule):
             for m in _WRITE_MODES  # type: ignore[operator]
         )
 
-    def flag(self, call: cst.Call, accelerator: str | None) -> None:
-        new = method_call(accelerator, "save", call.args) if accelerator else None
-        self.report(call, self._advice(call), new=new, safe=False)
+    def flag(self, call: cst.Call, reach: Reach) -> None:
+        new = method_call(reach.fix, "save", call.args) if reach.fix else None
+        self.report(call, self._advice(call, reach), new=new, safe=False)
 
-    def _advice(self, call: cst.Call) -> str:
+    def _advice(self, call: cst.Call, reach: Reach) -> str:
         """What to write instead, never a guard around code every process must run."""
-        if dotted_name(call.func) == "torch.save":
+        if dotted_name(call.func) == "torch.save" and reach.name:
             return (
-                "every process writes this file; use `accelerator.save(...)`: it writes on the "
-                "main process only and its arguments still run on every process"
+                f"every process writes this file; use `{reach.name}.save(...)`: it writes on "
+                "the main process only and its arguments still run on every process"
             )
         if callee_name(call) == "save_pretrained":
             return (
-                "every process writes these files; pass "
-                "`is_main_process=accelerator.is_main_process` (it writes on the main process "
-                "only and keeps the call, which may gather shards, on every process)"
+                f"every process writes these files; pass `is_main_process={reach.test()}` (it "
+                "writes on the main process only and keeps the call, which may gather shards, on "
+                "every process)"
             )
         shared = first_shared_call(self._spans.get(call, call), self.facts)
         if shared is not None:
             return (
                 f"every process writes this file; compute `{shared}(...)` on every process "
-                "first, then write under `if accelerator.is_main_process:`"
+                f"first, then write under `if {reach.test()}:`"
             )
-        return "every process writes this file; guard it with `if accelerator.is_main_process:`"
+        return f"every process writes this file; guard it with `if {reach.test()}:`"

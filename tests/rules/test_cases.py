@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 
 from accelify.rules.checks import all_rules
@@ -110,3 +113,58 @@ def test_write_advice_never_puts_a_forward_pass_under_a_main_process_guard(
     )
     [finding] = lint(f"{setup}{line}\n", [rule])
     assert ("first" in finding.message) == shared, finding.message
+
+
+# Advice that names an accelerator's method or test: `accelerator.is_main_process`, ...
+_NAMED = re.compile(
+    r"`[^`]*?([\w()]+)\.(is_main_process|is_local_main_process|main_process_first|"
+    r"wait_for_everyone|save|print)\b"
+)
+# The same mistakes with the accelerator named otherwise, and with none in reach where they are.
+_ELSEWHERE = [
+    "acc = Accelerator()\ntorch.save(state, 'a.pt')\n",
+    "acc = Accelerator()\nwriter = SummaryWriter('runs')\n",
+    "acc = Accelerator()\nprint('hi')\n",
+    "acc = Accelerator()\nfor b in tqdm(dl):\n    pass\n",
+    "acc = Accelerator()\nurllib.request.urlretrieve(URL, 'data.tgz')\n",
+    "acc = Accelerator()\ntrain = datasets.MNIST('data', download=True)\n",
+    "acc = Accelerator()\nshutil.rmtree('out')\n",
+    "acc = Accelerator()\nmodel.save_pretrained('out')\n",
+    "torch.save(state, 'a.pt')\nwriter = SummaryWriter('runs')\nprint('hi')\n"
+    "urllib.request.urlretrieve(URL, 'data.tgz')\nshutil.rmtree('out')\n"
+    "train = datasets.MNIST('data', download=True)\nfor b in tqdm(dl):\n    pass\n\n\n"
+    "def main():\n    accelerator = Accelerator()\n",
+]
+
+
+@pytest.mark.parametrize(
+    "code", [case.code for rule in RULES for case in rule.INVALID] + _ELSEWHERE
+)
+def test_advice_names_only_an_accelerator_that_is_there(code: str) -> None:
+    """Followed literally, advice must not raise a NameError: it names the accelerator bound
+    where the finding is, or, where none is, ``PartialState()``, which needs none."""
+    tree = ast.parse(code)
+    for finding in lint(code, RULES):
+        for name, _attribute in _NAMED.findall(finding.message):
+            if name == "PartialState()":
+                continue
+            bound = _bound_names(tree, finding.line)
+            assert name in bound, (finding.code, finding.message)
+
+
+def _bound_names(tree: ast.Module, line: int) -> set[str]:
+    """The names bound before ``line`` at module level, or in a function around that line."""
+    found = {t for stmt in tree.body if stmt.lineno < line for t in _stmt_targets(stmt)}
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef) and function.lineno <= line <= (
+            function.end_lineno or line
+        ):
+            found |= {a.arg for a in function.args.args}
+            found |= {t for stmt in ast.walk(function) for t in _stmt_targets(stmt)}
+    return found
+
+
+def _stmt_targets(stmt: ast.AST) -> set[str]:
+    if isinstance(stmt, ast.Assign):
+        return {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
