@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.every_process import EveryProcessRule
-from accelify.rules.facts import Where
-from accelify.rules.rule import Invalid, Severity
+from accelify.rules.every_process import EveryProcessRule, Reach
+from accelify.rules.facts import Facts, Where
+from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, keyword_arg
+from accelify.transform.walk import nodes
 
-# Fetching a URL into memory (``urlopen``) is N requests, not N writers of one file.
-_WRITING_FETCHES = FETCHES - {"urlopen"}
+# Fetches that skip a file already there: after ``main_process_first()`` the others find it.
+_SKIP_FILES = frozenset({"download_url"})
+# Fetches that write their files each time they run. Fetching a URL into memory (``urlopen``)
+# is N requests, not N writers of one file.
+_WRITING_FETCHES = FETCHES - {"urlopen"} - _SKIP_FILES
+# Calls in an ``if`` test that look for the files first: the fetch under it runs once.
+_FILE_TESTS = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "check_integrity"})
 
 
 class DownloadOnEveryProcess(EveryProcessRule):
@@ -20,23 +26,33 @@ class DownloadOnEveryProcess(EveryProcessRule):
     ## What it does
     In a script that creates an `Accelerator`, flags `urlretrieve`, `download_url`,
     `download_and_extract_archive`, `extractall` and `download=True` datasets that run on every
-    process: outside a main-process guard and outside `with accelerator.main_process_first():`
-    (itself, or every call of the function it sits in).
+    process: outside a main-process guard, and (for a fetch that skips files already there)
+    outside `with accelerator.main_process_first():`, itself or every call of the function it
+    sits in.
 
     ## Why is this bad?
     N processes write the same files at the same time: a process can read a half-written
     archive, or one process's extraction overwrites what another is reading. It works on one
     process and fails, now and then, on eight.
 
+    `main_process_first()` only orders the processes: the others run the same call once the main
+    one is done. A dataset with `download=True` (or `download_url`) then finds the files and
+    skips them; `urlretrieve` and extractions write them again, while the main process may
+    already be reading them. Those run on the main process only, and the others wait.
+
     ## Example
     ```python
     train_set = datasets.MNIST("data", download=True)
+    urllib.request.urlretrieve(URL, "data.tgz")
     ```
 
     ## Use instead
     ```python
     with accelerator.main_process_first():
         train_set = datasets.MNIST("data", download=True)
+    if accelerator.is_main_process:
+        urllib.request.urlretrieve(URL, "data.tgz")
+    accelerator.wait_for_everyone()
     ```
     """
 
@@ -51,8 +67,12 @@ class DownloadOnEveryProcess(EveryProcessRule):
         "    urllib.request.urlretrieve(URL, 'data.tgz')\naccelerator.wait_for_everyone()\n",
         "accelerator = Accelerator()\nconfig = json.load(urllib.request.urlopen(URL))\n",
         "train_set = datasets.MNIST('data', download=True)  # no Accelerator\n",
-        "def fetch():\n    urllib.request.urlretrieve(URL, 'data.tgz')\n\n\n"
+        "def fetch():\n    download_url(URL, 'data')\n\n\n"
         "accelerator = Accelerator()\nwith accelerator.main_process_first():\n    fetch()\n",
+        # The others find the file the main process wrote, and skip the download.
+        "accelerator = Accelerator()\nwith accelerator.main_process_first():\n"
+        "    if not os.path.exists('data.tgz'):\n"
+        "        urllib.request.urlretrieve(URL, 'data.tgz')\n",
     )
     INVALID = (
         Invalid(
@@ -65,23 +85,55 @@ class DownloadOnEveryProcess(EveryProcessRule):
             "        archive.extractall('data')\n\n\n"
             "accelerator = Accelerator()\nif args.extra:\n    fetch()\n"
         ),
+        Invalid(  # the others download again, over the file the main process reads
+            "accelerator = Accelerator()\nwith accelerator.main_process_first():\n"
+            "    urllib.request.urlretrieve(URL, 'data.tgz')\n"
+        ),
     )
+
+    def __init__(self, facts: Facts, reports: list[Report]) -> None:
+        super().__init__(facts, reports)
+        # fetches that write their files again each time they run -> where they are
+        self._rewrites: dict[cst.Call, Where] = {}
+        self._check_disk: set[cst.FunctionDef | None] = set()  # scopes that test for files
+
+    def visit_If(self, node: cst.If) -> None:
+        if any(callee_name(call) in _FILE_TESTS for call in nodes(node.test, cst.Call)):
+            self._check_disk.add(self.facts.where().function)
 
     def visit_Call(self, node: cst.Call) -> None:
         download = keyword_arg(node, "download")
-        flagged = isinstance(download, cst.Arg) and _is_true(download.value)
-        if flagged or callee_name(node) in _WRITING_FETCHES:
+        name = callee_name(node)
+        if (isinstance(download, cst.Arg) and _is_true(download.value)) or name in _SKIP_FILES:
+            self.candidate(node, fixable=False)
+        elif name in _WRITING_FETCHES:
+            if self.facts.where().function not in self._check_disk:
+                self._rewrites[node] = self.facts.where()
             self.candidate(node, fixable=False)
 
-    def excused(self, where: Where) -> bool:
-        return self.facts.runs_first(where)
+    def excused(self, call: cst.Call, where: Where) -> bool:
+        return call not in self._rewrites and self.facts.runs_first(where)
 
-    def flag(self, call: cst.Call, accelerator: str | None) -> None:
+    def flag(self, call: cst.Call, reach: Reach) -> None:
+        accelerator = reach.name or "PartialState()"
+        if call not in self._rewrites:
+            self.report(
+                call,
+                "every process downloads here at once; wrap it in "
+                f"`with {accelerator}.main_process_first():` (the main process downloads, the "
+                "others then find its files)",
+            )
+            return
+        again = (
+            "`main_process_first()` lets the other processes download or extract again once "
+            "the main one is done, over the files it is reading"
+            if self.facts.runs_first(self._rewrites[call])
+            else "every process downloads or extracts here at once"
+        )
         self.report(
             call,
-            "every process downloads or extracts here at once; do it under "
-            "`with accelerator.main_process_first():` (or on the main process, then "
-            "`accelerator.wait_for_everyone()`)",
+            f"{again}; do it on the main process only (`if {reach.test()}:`), then call "
+            f"`{accelerator}.wait_for_everyone()` on every process",
         )
 
 
