@@ -24,8 +24,11 @@ class AccumulateMissing(Rule):
     Without `accumulate()`, `gradient_accumulation_steps` still divides every loss by N but the
     optimizer steps on every batch: a silent N-fold learning-rate cut. The manual modulo loop
     all-reduces gradients on every micro-batch instead of once per step, wasting most of the
-    communication (the result is right: this half is a suggestion). A script that syncs by hand
-    with `model.no_sync` (HF's autoregressive accumulation example) is left alone.
+    communication; under DDP the result is still right, but under DeepSpeed
+    `accelerator.backward` steps the engine itself on every batch (its accumulation is the
+    Accelerator's), so the modulo is ignored and the model steps every batch. A script that
+    syncs by hand with `model.no_sync` (HF's autoregressive accumulation example) is left
+    alone.
 
     ## Example
     ```python
@@ -139,9 +142,10 @@ class AccumulateMissing(Rule):
             for test in self._manual:
                 self.report(
                     test,
-                    "manual gradient accumulation all-reduces gradients on every batch; "
-                    "`Accelerator(gradient_accumulation_steps=N)` with `accelerator.accumulate` "
-                    "would sync once per step",
+                    "manual gradient accumulation all-reduces gradients on every batch, and "
+                    "under DeepSpeed the engine steps on every batch whatever this test says; "
+                    "use `Accelerator(gradient_accumulation_steps=N)` with "
+                    "`accelerator.accumulate(model)`",
                 )
 
 

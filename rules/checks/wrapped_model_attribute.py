@@ -109,8 +109,9 @@ _ON_WRAPPER = frozenset(
         "save_pretrained",
     ]
 )
-# Distributed types under which ``prepare`` does not wrap the model in DDP.
-_UNWRAPPED_TYPES = frozenset({"NO", "XLA"})
+# Distributed types under which ``prepare`` does not wrap the model in DDP (``TPU``: XLA's old
+# name, still in Accelerate and in the scripts written for it).
+_UNWRAPPED_TYPES = frozenset({"NO", "XLA", "TPU"})
 
 
 class WrappedModelAttribute(Rule):
@@ -165,6 +166,8 @@ class WrappedModelAttribute(Rule):
         "config = model.module.config if hasattr(model, 'module') else model.config\n",
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "if accelerator.distributed_type == DistributedType.XLA:\n    model.tie_weights()\n",
+        "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
+        "if accelerator.distributed_type == DistributedType.TPU:\n    model.tie_weights()\n",
     )
     INVALID = (
         Invalid(
@@ -278,7 +281,7 @@ def _handles_wrapping(test: cst.BaseExpression, taken: bool) -> frozenset[str]:
 
 
 def _tests_unwrapped_type(node: cst.Comparison) -> bool:
-    """``x.distributed_type == DistributedType.XLA`` (``is``, either order)."""
+    """``x.distributed_type == DistributedType.XLA`` (or ``TPU``; ``is``, either order)."""
     if len(node.comparisons) != 1:
         return False
     target = node.comparisons[0]
