@@ -79,3 +79,11 @@ def test_notebook_syntax_error_names_the_cell(tmp_path: Path) -> None:
     assert result.error is not None
     assert result.error.startswith(f"{path}:cell 2:")
     assert "\n" not in result.error
+
+
+def test_values_that_differ_between_processes_are_found_exactly_in_real_shapes() -> None:
+    """Python numbers and ragged tensors gathered, a loop left on one process's loss, a resume
+    before `prepare`, a split after a per-process seed: in functions, a class, module level."""
+    text = (FIXTURES / "per_process_values.py").read_text()
+    default = [rule for rule in ALL if rule.enabled_by_default]
+    assert {(f.line, f.code) for f in lint(text, default)} == expected_marks(text)
