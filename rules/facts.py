@@ -46,7 +46,7 @@ _HOOK_EVENTS = {
 }
 _HOOK_NAMES = frozenset(_HOOK_EVENTS) | frozenset(_HOOK_EVENTS.values())
 # Calls whose result yields the same batches as the loader they are given.
-_SAME_BATCHES = frozenset({"iter", "skip_first_batches"})
+_SAME_BATCHES = frozenset({"iter", "skip_first_batches", "tqdm"})
 # Calls that read a loader without running a pass over it for training.
 _LOADER_READERS = _ITER_WRAPPERS | {"len", "next"}
 _EXITS = (cst.Return, cst.Continue, cst.Break, cst.Raise)
@@ -124,6 +124,9 @@ class _Scope:
     # Per open ``if``: the bindings before it, and at the end of its body once the else starts.
     paths: list[tuple[_Bindings, _Bindings | None]] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)  # per open block: guards added by early exits
+    # The test of an ``if`` with no else -> what its body prepared that the join made unknown:
+    # a later ``if`` on the same test runs on the same path, where it is prepared.
+    on_test: dict[str, dict[str, Prepared]] = field(default_factory=dict)
 
 
 def name_role(name: str | None) -> Role | None:
@@ -175,7 +178,7 @@ def _rank_comparison(test: cst.Comparison) -> int:
     if isinstance(right, cst.Integer) and right.value == "0":
         return 1 if isinstance(op, cst.Equal) else -1 if isinstance(op, cst.NotEqual) else 0
     if isinstance(op, cst.In) and isinstance(right, (cst.List, cst.Tuple, cst.Set)):
-        values = {cst.Module([]).code_for_node(e.value) for e in right.elements}
+        values = {_code(e.value) for e in right.elements}
         return 1 if values <= {"0", "-1"} else 0
     return 0
 
@@ -277,8 +280,19 @@ def first_shared_call(node: cst.CSTNode, facts: Facts) -> str | None:
 def mentions_rank(node: cst.CSTNode) -> bool:
     """Whether ``node`` reads the process index: a path built from it names a per-process file,
     which every process may write."""
-    code = cst.Module([]).code_for_node(node)
+    code = _code(node)
     return any(name in code for name in RANK_NAMES)
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _always(test: cst.BaseExpression) -> bool:
+    """``True`` or a non-zero number: a test with one outcome."""
+    if isinstance(test, cst.Name):
+        return test.value == "True"
+    return isinstance(test, cst.Integer) and test.evaluated_value != 0
 
 
 def _exits(block: cst.BaseSuite) -> bool:
@@ -447,6 +461,10 @@ class Facts:
         self._enter_branch(node, 1)
         scope = self._scopes[-1]
         scope.paths.append(((dict(scope.prepared), dict(scope.parts)), None))
+        if scope.on_test:
+            for name, prepared in scope.on_test.get(_code(node.test), {}).items():
+                if scope.prepared.get(name) is None:
+                    scope.prepared[name] = prepared
 
     def leave_If_body(self, node: cst.If) -> None:
         self._leave_branch()
@@ -493,10 +511,20 @@ class Facts:
         here = (scope.prepared, scope.parts)
         body, other = (here, before) if body is None else (body, here)
         else_exits = isinstance(node.orelse, cst.Else) and _exits(node.orelse.body)
-        if _exits(node.body) != else_exits:
+        if _always(node.test):  # ``if True:``: the body is the only path
+            scope.prepared, scope.parts = body
+        elif _exits(node.body) != else_exits:
             scope.prepared, scope.parts = other if _exits(node.body) else body
         else:
             scope.prepared, scope.parts = _agree(body, other)
+            if node.orelse is None:
+                lost = {
+                    name: prepared
+                    for name, prepared in body[0].items()
+                    if prepared is not None and scope.prepared.get(name) is None
+                }
+                if lost:
+                    scope.on_test.setdefault(_code(node.test), {}).update(lost)
 
     # -- bindings -------------------------------------------------------------------------------
 
@@ -704,6 +732,8 @@ class Facts:
             scope.prepared[name] = None
             scope.parts[name] = None
             scope.accelerators.discard(name)
+            for known in scope.on_test.values():
+                known.pop(name, None)
 
     def _loader_loop(
         self, iterable: cst.BaseExpression, target: cst.BaseExpression

@@ -87,3 +87,10 @@ def test_values_that_differ_between_processes_are_found_exactly_in_real_shapes()
     text = (FIXTURES / "per_process_values.py").read_text()
     default = [rule for rule in ALL if rule.enabled_by_default]
     assert {(f.line, f.code) for f in lint(text, default)} == expected_marks(text)
+
+
+def test_prepared_objects_are_followed_along_the_paths_that_reach_them() -> None:
+    """`if True:`, a second `if` on the test that prepared, a progress bar over the loader."""
+    text = (FIXTURES / "path_shapes.py").read_text()
+    default = [rule for rule in ALL if rule.enabled_by_default]
+    assert {(f.line, f.code) for f in lint(text, default)} == expected_marks(text)
