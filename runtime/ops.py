@@ -51,8 +51,20 @@ def is_distributed() -> bool:
 
 
 def gather(data: Any) -> Any:
-    """Concatenate every process's tensors along dim 0 (0-d tensors become 1-d)."""
-    return apply(_gather_tensor, data) if is_distributed() else data
+    """Concatenate every process's tensors along dim 0 (0-d tensors become 1-d).
+
+    Anything but tensors raises TypeError on several processes, as in HF Accelerate: passed
+    through, a Python number would stand for every process while holding one process's value.
+    """
+    if not is_distributed():
+        return data
+    if not only_tensors(data):
+        raise TypeError(
+            f"gather takes tensors (in lists, tuples, dicts), not {type(data).__name__} "
+            "holding other values: gather the tensor before `.item()`, or use "
+            "`gather_for_metrics`, which gathers Python objects"
+        )
+    return apply(_gather_tensor, data)
 
 
 def _gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -134,13 +146,15 @@ def pad_across_processes(
 
 
 def only_tensors(data: Any) -> bool:
-    """Whether ``data`` holds nothing but tensors (in lists, tuples and mappings)."""
+    """Whether ``data`` holds nothing but tensors (in lists, tuples, mappings, dataclasses)."""
     if isinstance(data, torch.Tensor):
         return True
     if isinstance(data, (list, tuple)):
         return all(only_tensors(item) for item in data)
     if isinstance(data, Mapping):
         return all(only_tensors(value) for value in data.values())
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return all(only_tensors(getattr(data, f.name)) for f in dataclasses.fields(data) if f.init)
     return False
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -68,3 +69,20 @@ def test_the_package_loads_its_public_names_on_first_use() -> None:
     """accel-run's --help and config commands import accelify.runtime without needing torch."""
     assert _imported_after("import accelify.runtime", ("torch",)) == []
     assert _imported_after("from accelify.runtime import Accelerator", ("torch",)) == ["torch"]
+
+
+def test_gather_of_anything_but_tensors_raises_on_several_processes(monkeypatch) -> None:
+    """As in HF Accelerate: passed through, one process's number would stand for all of them."""
+    from accelify.runtime import ops
+
+    monkeypatch.setattr(ops, "is_distributed", lambda: True)
+    for data in (1.5, [torch.tensor(1.0), 2], {"loss": 0.5}):
+        with pytest.raises(TypeError, match="gather takes tensors"):
+            ops.gather(data)
+
+    @dataclasses.dataclass
+    class Output:
+        loss: torch.Tensor
+
+    assert ops.only_tensors(Output(torch.tensor(1.0)))
+    assert not ops.only_tensors(Output(1.0))
