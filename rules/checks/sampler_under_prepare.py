@@ -67,6 +67,13 @@ class SamplerUnderPrepare(ImportsRule):
             "dl = accelerator.prepare_data_loader(torch.utils.data.DataLoader(ds, "
             "sampler=torch.utils.data.DistributedSampler(ds)))\n"
         ),
+        Invalid(
+            "from torch.utils.data import DataLoader, DistributedSampler\n\n\n"
+            "def main(args):\n    accelerator = Accelerator()\n"
+            "    sampler = DistributedSampler(train_set) if args.distributed else None\n"
+            "    loader = DataLoader(train_set, sampler=sampler, shuffle=sampler is None)\n"
+            "    model, loader = accelerator.prepare(model, loader)\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
@@ -122,6 +129,9 @@ class SamplerUnderPrepare(ImportsRule):
         return self.builds(value, "DataLoader")
 
     def _is_sampler(self, value: cst.BaseExpression) -> bool:
+        """A DistributedSampler, also on one side of ``... if distributed else None``."""
+        if isinstance(value, cst.IfExp):
+            return self._is_sampler(value.body) or self._is_sampler(value.orelse)
         return self.builds(value, _SAMPLER)
 
     def _distributed_sampler(self, loader: cst.BaseExpression) -> cst.Arg | None:
