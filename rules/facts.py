@@ -110,9 +110,19 @@ def _agree(one: _Bindings, other: _Bindings) -> _Bindings:
 
 
 @dataclass(eq=False)
+class _Class:
+    """What a class's methods bind on ``self``, for its other methods (source order)."""
+
+    name: str
+    prepared: dict[str, Prepared] = field(default_factory=dict)  # ``self.model`` -> ...
+    accelerators: set[str] = field(default_factory=set)  # ``self.accelerator``
+
+
+@dataclass(eq=False)
 class _Scope:
     node: cst.Module | cst.FunctionDef
     params: frozenset[str]
+    cls: _Class | None = None  # the class this function is a method of
     guard: int = 0
     others: int = 0
     first: int = 0  # open ``main_process_first()`` blocks
@@ -320,6 +330,9 @@ class Facts:
         self.loader_loops: list[tuple[cst.For, Prepared]] = []
         self._scopes: list[_Scope] = []
         self._sites: list[tuple[str, Where]] = []  # a function name called or passed, and where
+        self.methods: dict[str, list[cst.FunctionDef]] = {}
+        self._method_sites: list[tuple[str, Where]] = []  # ``x.name(...)``, and where
+        self._classes: list[tuple[_Class, int]] = []  # open classes, with the scope depth
         # ``accelerator.register_save_state_pre_hook(f)``: f runs where ``save_state`` runs.
         self._hooks: list[tuple[str, str]] = []  # (accelerator method, function name)
         self._hooked_calls: list[tuple[str, Where]] = []  # (accelerator method, where)
@@ -364,6 +377,8 @@ class Facts:
         names: set[str] = set()
         for scope in self._scopes:
             names |= scope.accelerators
+            if scope.cls is not None:
+                names |= scope.cls.accelerators
             names |= {p for p in scope.params if p == "accelerator"}
         return names
 
@@ -433,8 +448,20 @@ class Facts:
     def visit_Module(self, node: cst.Module) -> None:
         self._scopes.append(_Scope(node, frozenset(), exits=[0]))
 
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._classes.append((_Class(node.name.value), len(self._scopes)))
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self._classes.pop()
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.setdefault(node.name.value, []).append(node)
+        cls = None
+        if self._classes and self._classes[-1][1] == len(self._scopes):  # a method
+            cls = self._classes[-1][0]
+            self.methods.setdefault(node.name.value, []).append(node)
+            if node.name.value == "__init__":  # ``Trainer(...)`` runs it
+                self.functions.setdefault(cls.name, []).append(node)
         p = node.params
         params = frozenset(
             x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)
@@ -445,7 +472,7 @@ class Facts:
             else (dotted_name(d.decorator) or "").rsplit(".", 1)[-1] in GUARD_DECORATORS
             for d in node.decorators
         )
-        self._scopes.append(_Scope(node, params, guard=int(guarded)))
+        self._scopes.append(_Scope(node, params, cls, guard=int(guarded)))
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scopes.pop()
@@ -533,6 +560,8 @@ class Facts:
             return
         if isinstance(node.func, cst.Name):
             self._sites.append((node.func.value, self.where()))
+        elif isinstance(node.func, cst.Attribute):
+            self._method_sites.append((node.func.attr.value, self.where()))
         for arg in node.args:
             if isinstance(arg.value, cst.Name):
                 self._sites.append((arg.value.value, self.where()))
@@ -654,11 +683,11 @@ class Facts:
         self._forget(names)
         if isinstance(value, cst.Call) and callee_name(value) == "Accelerator" and names:
             self.accelerators[names[0]] = value
-            scope.accelerators.add(names[0])
+            self._add_accelerator(names[0])
             return
         if len(names) == 1:
             if names[0].rsplit(".", 1)[-1] == "accelerator":  # built by a helper, by convention
-                scope.accelerators.add(names[0])
+                self._add_accelerator(names[0])
             polarity = guard_polarity(value, self._guard_aliases)
             if polarity:
                 self._guard_aliases[names[0]] = polarity
@@ -713,6 +742,12 @@ class Facts:
         source = value.value if isinstance(value, (cst.Subscript, cst.Attribute)) else value
         return self.batch_of(source) if isinstance(source, (cst.Name, cst.Attribute)) else None
 
+    def _add_accelerator(self, name: str) -> None:
+        scope = self._scopes[-1]
+        scope.accelerators.add(name)
+        if scope.cls is not None and name.startswith("self."):
+            scope.cls.accelerators.add(name)
+
     def _set_prepared(
         self, name: str, arg: cst.BaseExpression, call: cst.Call, role: Role | None
     ) -> None:
@@ -724,7 +759,10 @@ class Facts:
             self.roles.setdefault(name, role)
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else call.func
         accelerator = dotted_name(receiver) or "accelerator"
-        self._scopes[-1].prepared[name] = Prepared(name, source, role, accelerator)
+        scope = self._scopes[-1]
+        scope.prepared[name] = Prepared(name, source, role, accelerator)
+        if scope.cls is not None and name.startswith("self."):
+            scope.cls.prepared[name] = scope.prepared[name]
 
     def _forget(self, names: Iterator[str] | list[str]) -> None:
         scope = self._scopes[-1]
@@ -734,6 +772,8 @@ class Facts:
             scope.accelerators.discard(name)
             for known in scope.on_test.values():
                 known.pop(name, None)
+            if scope.cls is not None:
+                scope.cls.prepared.pop(name, None)
 
     def _loader_loop(
         self, iterable: cst.BaseExpression, target: cst.BaseExpression
@@ -752,7 +792,10 @@ class Facts:
             table = getattr(scope, kind)
             if name in table:
                 return table[name]
-            if name.split(".", 1)[0] in scope.params:
+            root = name.split(".", 1)[0]
+            if root in scope.params:  # another object: only ``self`` is known, by its class
+                if kind == "prepared" and root == "self" and scope.cls is not None:
+                    return scope.cls.prepared.get(name)
                 return None
         return None
 
@@ -770,12 +813,14 @@ class Facts:
         if self._reach is not None:
             return self._reach
         reach: dict[cst.FunctionDef, set[str]] = {}
-        sites = self._sites + self._hook_sites()
+        sites = [(name, where, self.functions) for name, where in self._sites + self._hook_sites()]
+        sites += [(name, where, self.methods) for name, where in self._method_sites]
+        sites = [site for site in sites if site[0] in site[2]]
         changed = True
         while changed:
             changed = False
-            for name, where in sites:
-                for function in self.functions.get(name, ()):
+            for name, where, called in sites:
+                for function in called[name]:
                     if where.function is function:
                         continue
                     if where.guarded:

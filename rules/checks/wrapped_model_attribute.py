@@ -171,6 +171,17 @@ class WrappedModelAttribute(Rule):
     )
     INVALID = (
         Invalid(
+            "import torch\n\n\nclass Trainer:\n    def __init__(self, model):\n"
+            "        self.accelerator = Accelerator()\n"
+            "        self.model = self.accelerator.prepare(model)\n\n"
+            "    def labels(self):\n        return self.model.config.num_labels\n",
+            "import torch\n\n\nclass Trainer:\n    def __init__(self, model):\n"
+            "        self.accelerator = Accelerator()\n"
+            "        self.model = self.accelerator.prepare(model)\n\n"
+            "    def labels(self):\n"
+            "        return self.accelerator.unwrap_model(self.model).config.num_labels\n",
+        ),
+        Invalid(
             "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
             "if accelerator.distributed_type == DistributedType.XLA:\n    pass\n"
             "else:\n    model.tie_weights()\n",
@@ -233,15 +244,16 @@ class WrappedModelAttribute(Rule):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         value = node.value
-        if not isinstance(value, cst.Name) or value.value not in self._bound:
+        name = dotted_name(value) if isinstance(value, cst.Name | cst.Attribute) else None
+        if name is None or name not in self._bound:
             return
         attr = node.attr.value
         if attr in _ON_WRAPPER or attr.startswith("__"):
             return
-        if any(value.value in names or "*" in names for names in self._handled):
+        if any(name in names or "*" in names for names in self._handled):
             return
         model = self.facts.prepared(value)
-        if model is None or model.role is not Role.MODEL or model.name != value.value:
+        if model is None or model.role is not Role.MODEL or model.name != name:
             return
         self.report(
             node,
@@ -273,8 +285,9 @@ def _handles_wrapping(test: cst.BaseExpression, taken: bool) -> frozenset[str]:
         if isinstance(node, cst.Call) and callee_name(node) == "hasattr" and len(node.args) == 2:
             obj, attr = node.args[0].value, node.args[1].value
             is_string = isinstance(attr, cst.SimpleString)
-            if isinstance(obj, cst.Name) and is_string and attr.evaluated_value == "module":
-                names.add(obj.value)
+            name = dotted_name(obj)
+            if name is not None and is_string and attr.evaluated_value == "module":
+                names.add(name)
         elif taken and isinstance(node, cst.Comparison) and _tests_unwrapped_type(node):
             names.add("*")
     return frozenset(names)
