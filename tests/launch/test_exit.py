@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,10 @@ def test_after_a_failure_nobody_waits_for_the_failed_rank(accel_run) -> None:
     assert "group up at exit: True" not in run.stdout, run.stdout
 
 
-RUNS = 20
+# Each run is a 2-process job (about 12 s). The fault this guards against hit about one run in
+# four, which 3 runs on each backend (6 in all) catch about 4 times in 5; to hunt a rarer flake,
+# raise it: ACCELIFY_EXIT_RUNS=20 pytest tests/launch/test_exit.py
+RUNS = int(os.environ.get("ACCELIFY_EXIT_RUNS", "3"))
 
 
 @pytest.mark.slow
