@@ -25,18 +25,18 @@ class Bound:
     def __init__(self, facts: Facts, kind: Kind) -> None:
         self._facts = facts
         self._kind = kind
-        self._names: set[tuple[cst.FunctionDef | None, str]] = set()
+        self._names: dict[cst.FunctionDef | None, set[str]] = {}
 
-    def __bool__(self) -> bool:
-        """Whether any name is of the kind: rules skip work while none is."""
-        return bool(self._names)
+    def here(self) -> bool:
+        """Whether some name of this function is of the kind: rules skip work while none is."""
+        return bool(self._names.get(self._facts.function()))
 
     def holds(self, value: cst.BaseExpression) -> bool:
         """Whether ``value`` is of the kind: by what it is, or by the name it reads."""
         return self._kind(value, self._named)
 
     def _named(self, name: str) -> bool:
-        return (self._facts.where().function, name) in self._names
+        return name in self._names.get(self._facts.function(), ())
 
     def assign(self, node: cst.Assign | cst.AugAssign | cst.AnnAssign) -> None:
         """Record what ``node`` binds; ``total += x`` is of the kind when ``total + x`` is."""
@@ -52,8 +52,7 @@ class Bound:
 
     def mark(self, target: cst.BaseExpression) -> None:
         """Make every name ``target`` binds of the kind (a loop over what yields such values)."""
-        function = self._facts.where().function
-        self._names.update((function, name) for name in target_names(target))
+        self._names.setdefault(self._facts.function(), set()).update(target_names(target))
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
         pairs = isinstance(target, cst.Tuple | cst.List) and isinstance(value, cst.Tuple | cst.List)
@@ -61,7 +60,8 @@ class Bound:
             for one, other in zip(target.elements, value.elements, strict=True):
                 self._bind(one.value, other.value)
             return
-        kind = value is not None and self.holds(value)
-        function = self._facts.where().function
-        for name in target_names(target):
-            (self._names.add if kind else self._names.discard)((function, name))
+        function = self._facts.function()
+        if value is not None and self._kind(value, self._named):
+            self._names.setdefault(function, set()).update(target_names(target))
+        elif self._names.get(function):
+            self._names[function].difference_update(target_names(target))

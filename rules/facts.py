@@ -382,9 +382,14 @@ class Facts:
             names |= {p for p in scope.params if p == "accelerator"}
         return names
 
+    def function(self) -> cst.FunctionDef | None:
+        """The innermost function around this point (None: module level); cheaper than where()."""
+        node = self._scopes[-1].node
+        return node if isinstance(node, cst.FunctionDef) else None
+
     def where(self) -> Where:
         scope = self._scopes[-1]
-        function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
+        function = self.function()
         visible = bool(self.visible_accelerators())
         branch = next(((n, side) for n, side, p in reversed(scope.branches) if p), None)
         return Where(function, scope.guard > 0, scope.others > 0, visible, branch, scope.first > 0)
@@ -560,7 +565,10 @@ class Facts:
             return
         if isinstance(node.func, cst.Name):
             self._sites.append((node.func.value, self.where()))
-        elif isinstance(node.func, cst.Attribute):
+        elif isinstance(node.func, cst.Attribute) and (
+            node.func.attr.value in self.methods  # defined above, as most are
+            or (isinstance(node.func.value, cst.Name) and node.func.value.value == "self")
+        ):
             self._method_sites.append((node.func.attr.value, self.where()))
         for arg in node.args:
             if isinstance(arg.value, cst.Name):

@@ -63,7 +63,7 @@ class ClipBeforeUnscale(Rule):
         self._scaled: set[cst.FunctionDef | None] = set()  # functions with scaled gradients now
 
     def visit_Call(self, node: cst.Call) -> None:
-        function = self.facts.where().function
+        function = self.facts.function()
         func = node.func
         name = callee_name(node)
         if name in _CLIPS:

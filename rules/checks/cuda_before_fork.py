@@ -126,7 +126,7 @@ class CudaBeforeFork(Rule):
         self._pending: dict[cst.FunctionDef | None, list[cst.Call]] = {}
 
     def visit_Call(self, node: cst.Call) -> None:
-        function = self.facts.where().function
+        function = self.facts.function()
         if fork_launch(node):
             reached = [*self._pending.pop(None, []), *self._pending.pop(function, [])]
             for call in reached:

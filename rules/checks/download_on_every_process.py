@@ -98,8 +98,13 @@ class DownloadOnEveryProcess(EveryProcessRule):
         self._check_disk: set[cst.FunctionDef | None] = set()  # scopes that test for files
 
     def visit_If(self, node: cst.If) -> None:
-        if any(callee_name(call) in _FILE_TESTS for call in nodes(node.test, cst.Call)):
-            self._check_disk.add(self.facts.where().function)
+        test = node.test
+        while isinstance(test, cst.UnaryOperation):  # ``if not os.path.exists(...)``
+            test = test.expression
+        if not isinstance(test, cst.Call | cst.BooleanOperation):  # cheap: most tests stop here
+            return
+        if any(callee_name(call) in _FILE_TESTS for call in nodes(test, cst.Call)):
+            self._check_disk.add(self.facts.function())
 
     def visit_Call(self, node: cst.Call) -> None:
         download = keyword_arg(node, "download")
@@ -107,7 +112,7 @@ class DownloadOnEveryProcess(EveryProcessRule):
         if (isinstance(download, cst.Arg) and _is_true(download.value)) or name in _SKIP_FILES:
             self.candidate(node, fixable=False)
         elif name in _WRITING_FETCHES:
-            if self.facts.where().function not in self._check_disk:
+            if self.facts.function() not in self._check_disk:
                 self._rewrites[node] = self.facts.where()
             self.candidate(node, fixable=False)
 

@@ -13,9 +13,10 @@ from accelify.rules.facts import (
     Facts,
     Loop,
     batches_walked,
+    name_role,
 )
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import callee_name, dotted_name
+from accelify.transform.patterns import Role, callee_name, dotted_name
 from accelify.transform.walk import nodes
 
 # Calls whose result every process shares: a value passed through one is no longer its own.
@@ -99,26 +100,32 @@ class ExitOnOwnValue(Rule):
 
     def _is_own(self, value: cst.BaseExpression, named: Callable[[str], bool]) -> bool:
         """Computed from this process's batch, and not made common by a collective."""
-        if any(callee_name(call) in _SHARED for call in nodes(value, cst.Call)):
+        if isinstance(value, cst.Name):  # the common case, without a walk
+            return named(value.value) or self.facts.batch_of(value) is not None
+        found = list(nodes(value, (cst.Name, cst.Call)))
+        if any(isinstance(n, cst.Call) and callee_name(n) in _SHARED for n in found):
             return False
         return any(
-            named(n.value) or self.facts.batch_of(n) is not None for n in nodes(value, cst.Name)
+            isinstance(n, cst.Name) and (named(n.value) or self.facts.batch_of(n) is not None)
+            for n in found
         )
 
-    def visit_For_body(self, node: cst.For) -> None:
+    def visit_For(self, node: cst.For) -> None:
         """A loop over a loader handed in (``train(accelerator, model, loader)``) reads its
-        batches too; the facts know the loader by its name only."""
-        loop = self.facts.innermost_loop()
+        batches too; the facts know such a loader by its name only."""
         walked = batches_walked(node.iter, node.target)
-        if loop is not None and loop.node is node and loop.passes and walked is not None:
+        if walked is None:
+            return
+        loader = walked[0]
+        if (self.facts.role(loader) or name_role(dotted_name(loader))) is Role.DATALOADER:
             self._own.mark(walked[1])
 
     def leave_Assign(self, node: cst.Assign) -> None:
-        if self._own or self.facts.loader_loops:  # only a batch starts what is own
+        if self._own.here() or self.facts.loader_loops:  # only a batch starts what is own
             self._own.assign(node)
 
     def leave_AugAssign(self, node: cst.AugAssign) -> None:
-        if self._own or self.facts.loader_loops:
+        if self._own.here() or self.facts.loader_loops:
             self._own.assign(node)
 
     def visit_If(self, node: cst.If) -> None:

@@ -73,9 +73,13 @@ class LoadStateBeforePrepare(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if not (isinstance(func, cst.Attribute) and self.facts.is_accelerator(func.value)):
+        if not (
+            isinstance(func, cst.Attribute)
+            and (func.attr.value == "load_state" or func.attr.value in _PREPARES)
+            and self.facts.is_accelerator(func.value)
+        ):
             return
-        function = self.facts.where().function
+        function = self.facts.function()
         if func.attr.value == "load_state" and function not in self._prepared:
             self._early.setdefault(function, []).append(node)
         elif func.attr.value in _PREPARES:

@@ -86,7 +86,7 @@ class PrepareTwice(Rule):
         if not self._is_prepare(node):
             return
         here = tuple(self._blocks)
-        function = self.facts.where().function
+        function = self.facts.function()
         for arg in node.args:
             name = dotted_name(arg.value)
             there = self._prepared.get((function, name)) if name else None
@@ -101,7 +101,7 @@ class PrepareTwice(Rule):
         prepared = isinstance(node.value, cst.Call) and self._is_prepare(node.value)
         if not prepared and not self._prepared:
             return
-        function = self.facts.where().function
+        function = self.facts.function()
         for target in node.targets:
             for name in target_names(target.target):
                 if prepared:

@@ -74,7 +74,7 @@ class PrepareWrappedModel(ImportsRule):
         wrapper = self.wrapper(node.value)
         if wrapper is None and not self._wrapped:
             return
-        function = self.facts.where().function
+        function = self.facts.function()
         for target in node.targets:
             for name in target_names(target.target):
                 if wrapper is not None:
@@ -91,7 +91,7 @@ class PrepareWrappedModel(ImportsRule):
         )
         if not single and prepare_call(node, self.facts) is None:
             return
-        function = self.facts.where().function
+        function = self.facts.function()
         for arg in node.args[:1] if single else node.args:
             name = dotted_name(arg.value)
             wrapper = self.wrapper(arg.value) or self._wrapped.get((function, name or ""))

@@ -89,7 +89,7 @@ class SamplerUnderPrepare(ImportsRule):
         sampler = self._is_sampler(value)
         if found is None and not sampler and not self._loaders and not self._samplers:
             return
-        function = self.facts.where().function
+        function = self.facts.function()
         for target in node.targets:
             for name in target_names(target.target):
                 key = (function, name)
@@ -111,7 +111,7 @@ class SamplerUnderPrepare(ImportsRule):
         )
         if not single and prepare_call(node, self.facts) is None:
             return
-        function = self.facts.where().function
+        function = self.facts.function()
         for arg in node.args[:1] if single else node.args:
             value = arg.value
             if self._loader(value):
@@ -141,6 +141,6 @@ class SamplerUnderPrepare(ImportsRule):
             return None
         if self._is_sampler(arg.value):
             return arg
-        function = self.facts.where().function
+        function = self.facts.function()
         name = dotted_name(arg.value)
         return arg if name and (function, name) in self._samplers else None

@@ -119,7 +119,7 @@ class ShardTotal(Rule):
 
     def leave_Assign(self, node: cst.Assign) -> None:
         call = prepare_call(node.value, self.facts)
-        if call is None or self.facts.where().function is not None:
+        if call is None or self.facts.function() is not None:
             return
         target = node.targets[0].target if len(node.targets) == 1 else None
         names = list(target_names(target)) if target is not None else []

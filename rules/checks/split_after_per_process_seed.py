@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.facts import Facts, mentions_rank
+from accelify.rules.facts import RANK_NAMES, Facts, mentions_rank
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import callee_name, keyword_arg
+from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
 
 _SEEDS = frozenset({"set_seed", "manual_seed", "seed"})
 _SPLITS = frozenset({"random_split", "train_test_split"})
@@ -80,7 +80,9 @@ class SplitAfterPerProcessSeed(Rule):
         name = callee_name(node)
         if name in _SEEDS and node.args:
             specific = keyword_arg(node, "device_specific")
-            if (specific is not None and _true(specific.value)) or mentions_rank(node):
+            if (specific is not None and _true(specific.value)) or any(
+                _per_process(arg.value) for arg in node.args
+            ):
                 self._per_process = True
         elif name in _SPLITS and not any(keyword_arg(node, own) for own in _OWN_SEEDS):
             self._splits.append(node)
@@ -99,3 +101,11 @@ class SplitAfterPerProcessSeed(Rule):
 
 def _true(value: cst.BaseExpression) -> bool:
     return not (isinstance(value, cst.Name) and value.value in ("False", "None"))
+
+
+def _per_process(value: cst.BaseExpression) -> bool:
+    """A seed that reads the process index (``seed + accelerator.process_index``)."""
+    if isinstance(value, cst.Name | cst.Attribute):  # the common forms, without printing code
+        name = dotted_name(value) or ""
+        return name.rsplit(".", 1)[-1] in RANK_NAMES
+    return not isinstance(value, cst.Integer) and mentions_rank(value)

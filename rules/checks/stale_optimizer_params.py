@@ -70,7 +70,7 @@ class StaleOptimizerParams(Rule):
         names = [n for t in node.targets for n in target_names(t.target)]
         if self._models and len(names) == 1 and isinstance(node.value, cst.Call):
             entry = (names[0], node.value, self._models)
-            self._open.setdefault(self.facts.where().function, []).append(entry)
+            self._open.setdefault(self.facts.function(), []).append(entry)
         self._models = None
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -91,7 +91,7 @@ class StaleOptimizerParams(Rule):
         """The first prepare call (same function) that takes an optimizer's model decides."""
         args = {dotted_name(a.value) for a in call.args}
         still_open = []
-        for optimizer, constructor, models in self._open.get(self.facts.where().function, []):
+        for optimizer, constructor, models in self._open.get(self.facts.function(), []):
             if not models & args:
                 still_open.append((optimizer, constructor, models))
             elif optimizer not in args:
@@ -102,4 +102,4 @@ class StaleOptimizerParams(Rule):
                     "this optimizer: under FSDP/DeepSpeed it updates stale tensors; prepare "
                     "them in one call",
                 )
-        self._open[self.facts.where().function] = still_open
+        self._open[self.facts.function()] = still_open

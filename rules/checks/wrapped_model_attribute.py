@@ -8,6 +8,7 @@ from accelify.rules.build import unwrapped
 from accelify.rules.facts import PREPARE_ONE, Facts, prepare_call
 from accelify.rules.rule import Invalid, Report, Rule, Severity
 from accelify.transform.patterns import Role, callee_name, dotted_name, target_names
+from accelify.transform.walk import children
 
 # What ``DistributedDataParallel`` answers itself: every public name of an instance (``nn.Module``'s
 # API and DDP's own, listed from torch 2.13). Anything else exists only on the module it wraps.
@@ -281,7 +282,7 @@ def _handles_wrapping(test: cst.BaseExpression, taken: bool) -> frozenset[str]:
     stack: list[cst.CSTNode] = [test]
     while stack:
         node = stack.pop()
-        stack.extend(node.children)
+        stack.extend(children(node))
         if isinstance(node, cst.Call) and callee_name(node) == "hasattr" and len(node.args) == 2:
             obj, attr = node.args[0].value, node.args[1].value
             is_string = isinstance(attr, cst.SimpleString)
