@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Invalid, Report, Rule, Severity
+
+if TYPE_CHECKING:
+    from accelify.transform.analysis import Scope
 
 _CODE = "ACL210"
 
@@ -63,6 +67,15 @@ class UnconvertedTraining(Rule):
         "    for x in loader:\n        d(x).mean().backward()\n        d_opt.step()\n"
         "        (-d(g(x)).mean()).backward()\n        g_opt.step()\n\n\n"
         "train_gan(Accelerator(), G(), D())\n",
+        # A closure handed to a library for gradient estimation, reached from the trained setup.
+        "import torch\nfrom accelerate import Accelerator\n\n\ndef main():\n"
+        "    accelerator = Accelerator()\n    model = Net()\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    model, opt, dl = accelerator.prepare(model, opt, dl)\n    for x in dl:\n"
+        "        accelerator.backward(model(x).mean())\n        opt.step()\n"
+        "    curvature(model, x)\n\n\ndef curvature(net, x):\n    def closure():\n"
+        "        loss = net(x).pow(2).mean()\n        loss.backward()\n        return loss\n\n"
+        "    return hessian_trace(net, closure)\n\n\nmain()\n",
     )
     INVALID = (
         Invalid(
@@ -116,25 +129,31 @@ class UnconvertedTraining(Rule):
                 self._report(note.node, note.message)
 
     def _forgotten_setups(self, module: cst.Module) -> None:
-        """Setups the converter would refuse, in functions that never see an accelerator: the
-        others are Accelerate code it was never meant to convert."""
+        """Setups the converter would refuse, in functions that never see an accelerator and that
+        no function seeing one reaches (a closure handed to a library for gradient estimation):
+        the others are Accelerate code it was never meant to convert."""
         from accelify.transform.analysis import analyse
-        from accelify.transform.setup import find_setup
+        from accelify.transform.setup import find_setup, reachable
 
         analysis = analyse(module)
         _setup, refusals = find_setup(analysis)
+        if not refusals:
+            return
         names = re.compile(
             rf"\b({'|'.join(map(re.escape, {*self.facts.accelerators, 'accelerator'}))})\b"
         )
-        for refused, reason in refusals:
-            function = analysis.scope_of[id(refused)].node
-            if not isinstance(function, cst.FunctionDef):
-                continue
-            if self.facts.called_with_accelerator(function) or names.search(
-                module.code_for_node(function)
+        with_accelerator: set[Scope] = set()
+        for scope in analysis.scopes:
+            function = scope.node
+            if isinstance(function, cst.FunctionDef) and (
+                self.facts.called_with_accelerator(function)
+                or names.search(module.code_for_node(function))
             ):
-                continue
-            self._report(refused, reason)
+                with_accelerator |= reachable(analysis, scope)
+        for refused, reason in refusals:
+            scope = analysis.scope_of[id(refused)]
+            if isinstance(scope.node, cst.FunctionDef) and scope not in with_accelerator:
+                self._report(refused, reason)
 
     def _report(self, node: cst.CSTNode, reason: str) -> None:
         why = reason.removeprefix("left unchanged: ")
