@@ -526,6 +526,27 @@ class Facts:
         scope.guard -= polarity > 0
         scope.others -= polarity < 0
 
+    def visit_IfExp_body(self, node: cst.IfExp) -> None:
+        """``SummaryWriter(...) if accelerator.is_main_process else None`` guards its body."""
+        self._count_guard(node, 1, 1)
+
+    def leave_IfExp_body(self, node: cst.IfExp) -> None:
+        self._count_guard(node, 1, -1)
+
+    def visit_IfExp_orelse(self, node: cst.IfExp) -> None:
+        self._count_guard(node, -1, 1)
+
+    def leave_IfExp_orelse(self, node: cst.IfExp) -> None:
+        self._count_guard(node, -1, -1)
+
+    def _count_guard(self, node: cst.IfExp, side: int, step: int) -> None:
+        """Entering (``step`` 1) or leaving (-1) one side of a conditional expression: a guard
+        as an ``if``'s branch is, with no branch of its own to place a fix in."""
+        polarity = guard_polarity(node.test, self._guard_aliases) * side
+        scope = self._scopes[-1]
+        scope.guard += step * (polarity > 0)
+        scope.others += step * (polarity < 0)
+
     def leave_If(self, node: cst.If) -> None:
         """``if not accelerator.is_main_process: return`` guards the rest of the block."""
         self._join_paths(node)

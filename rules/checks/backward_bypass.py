@@ -23,12 +23,15 @@ class BackwardBypass(Rule):
 
     ## Example
     ```python
+    model, optimizer = accelerator.prepare(model, optimizer)
     loss = criterion(model(x), y)
     loss.backward()
     ```
 
     ## Use instead
     ```python
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loss = criterion(model(x), y)
     accelerator.backward(loss)
     ```
 

@@ -26,11 +26,13 @@ class ClipGradBypass(Rule):
 
     ## Example
     ```python
+    model, optimizer = accelerator.prepare(model, optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     ```
 
     ## Use instead
     ```python
+    model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.clip_grad_norm_(model.parameters(), 1.0)
     ```
 

@@ -48,6 +48,9 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
 
     ## Example
     ```python
+    from torchvision.utils import save_image
+
+    model = accelerator.prepare(model)
     for epoch in range(epochs):
         train(model, loader, optimizer)
         save_image(model(fixed_noise), f"samples/{epoch}.png")
@@ -55,6 +58,9 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
 
     ## Use instead
     ```python
+    from torchvision.utils import save_image
+
+    model = accelerator.prepare(model)
     for epoch in range(epochs):
         train(model, loader, optimizer)
         samples = model(fixed_noise)  # every process runs the model

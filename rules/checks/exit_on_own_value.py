@@ -49,6 +49,10 @@ class ExitOnOwnValue(Rule):
 
     ## Use instead
     ```python
+    for batch in train_dataloader:
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
         if accelerator.reduce(loss.detach(), "mean").item() < 0.01:  # the same on every process
             break
     ```
@@ -63,6 +67,11 @@ class ExitOnOwnValue(Rule):
         "for batch in dl:\n    loss = model(batch).mean()\n    accelerator.backward(loss)\n"
         "    opt.step()\n    mean = accelerator.reduce(loss.detach(), 'mean')\n"
         "    if mean.item() < 0.01:\n        break\n",
+        # Reduced in the test itself: the advice, followed as written.
+        "accelerator = Accelerator()\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
+        "for batch in dl:\n    loss = model(batch).mean()\n    accelerator.backward(loss)\n"
+        "    opt.step()\n    if accelerator.reduce(loss.detach(), 'mean').item() < 0.01:\n"
+        "        break\n",
         "accelerator = Accelerator()\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
         "for step, batch in enumerate(dl):\n    accelerator.backward(model(batch).mean())\n"
         "    opt.step()\n    if step >= max_steps:\n        break\n",
@@ -132,7 +141,16 @@ class ExitOnOwnValue(Rule):
         loop = self.facts.innermost_loop()
         if loop is None or not _leaves(node.body):
             return
-        read = next((n for n in nodes(node.test, cst.Name) if self._own.holds(n)), None)
+        shared = {
+            id(n)
+            for call in nodes(node.test, cst.Call)
+            if callee_name(call) in _SHARED
+            for n in nodes(call, cst.Name)
+        }
+        read = next(
+            (n for n in nodes(node.test, cst.Name) if id(n) not in shared and self._own.holds(n)),
+            None,
+        )
         if read is not None:
             self._exits.append((node, read, loop, self.facts.accelerator_here() or ""))
 

@@ -36,13 +36,13 @@ class GatherWithoutPadding(Rule):
 
     ## Example
     ```python
-    tokens = accelerator.unwrap_model(model).generate(**batch)
+    tokens = accelerator.unwrap_model(model).generate(**batch, pad_token_id=tokenizer.pad_token_id)
     tokens = accelerator.gather_for_metrics(tokens)
     ```
 
     ## Use instead
     ```python
-    tokens = accelerator.unwrap_model(model).generate(**batch)
+    tokens = accelerator.unwrap_model(model).generate(**batch, pad_token_id=tokenizer.pad_token_id)
     tokens = accelerator.pad_across_processes(tokens, dim=1, pad_index=tokenizer.pad_token_id)
     tokens = accelerator.gather_for_metrics(tokens)
     ```

@@ -47,6 +47,8 @@ class LoggerOnEveryProcess(EveryProcessRule):
         "accelerator = Accelerator()\nlogger = logging.getLogger(__name__)\n"
         "handler = logging.FileHandler('x.log')\nout = csv.DictWriter(f, fields)\n",
         "writer = SummaryWriter('runs/exp')  # no Accelerator\n",
+        "accelerator = Accelerator()\n"
+        "writer = SummaryWriter('runs/exp') if accelerator.is_main_process else None\n",
     )
     INVALID = (
         Invalid(

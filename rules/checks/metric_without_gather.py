@@ -48,6 +48,7 @@ class MetricWithoutGather(Rule):
 
     ## Example
     ```python
+    model, eval_dataloader = accelerator.prepare(model, eval_dataloader)
     for batch in eval_dataloader:
         preds = model(**batch).logits.argmax(-1)
         metric.add_batch(predictions=preds, references=batch["labels"])
@@ -55,6 +56,7 @@ class MetricWithoutGather(Rule):
 
     ## Use instead
     ```python
+    model, eval_dataloader = accelerator.prepare(model, eval_dataloader)
     for batch in eval_dataloader:
         preds = model(**batch).logits.argmax(-1)
         preds, refs = accelerator.gather_for_metrics((preds, batch["labels"]))

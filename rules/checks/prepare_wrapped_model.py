@@ -26,6 +26,8 @@ class PrepareWrappedModel(ImportsRule):
 
     ## Example
     ```python
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     model = DDP(model, device_ids=[local_rank])
     model, optimizer = accelerator.prepare(model, optimizer)
     ```

@@ -44,12 +44,14 @@ class RedundantDeviceMove(Rule):
 
     ## Example
     ```python
+    train_dataloader = accelerator.prepare(train_dataloader)
     for batch in train_dataloader:
         batch = batch.to(device)
     ```
 
     ## Use instead
     ```python
+    train_dataloader = accelerator.prepare(train_dataloader)
     for batch in train_dataloader:
         ...  # already on accelerator.device
     ```

@@ -27,6 +27,8 @@ class ShardTotal(Rule):
 
     ## Example
     ```python
+    model, train_loader = accelerator.prepare(model, train_loader)
+    total_loss = 0.0
     for x, y in train_loader:
         total_loss += loss.item()
     print(total_loss / len(train_loader.dataset))
@@ -34,6 +36,10 @@ class ShardTotal(Rule):
 
     ## Use instead
     ```python
+    model, train_loader = accelerator.prepare(model, train_loader)
+    total_loss = 0.0
+    for x, y in train_loader:
+        total_loss += loss.item()
     total_loss = accelerator.reduce(torch.tensor(total_loss, device=accelerator.device), "sum")
     print(total_loss.item() / len(train_loader.dataset))
     ```

@@ -28,16 +28,24 @@ class UnshardedTrainingData(Rule):
 
     ## Example
     ```python
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(train_set, batch_size=32, shuffle=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     for x, y in train_loader:
         accelerator.backward(loss_fn(model(x), y))
+        optimizer.step()
     ```
 
     ## Use instead
     ```python
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(train_set, batch_size=32, shuffle=True)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
     for x, y in train_loader:
         accelerator.backward(loss_fn(model(x), y))
+        optimizer.step()
     ```
     """
 

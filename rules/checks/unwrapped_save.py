@@ -25,11 +25,13 @@ class UnwrappedSave(Rule):
 
     ## Example
     ```python
+    model = accelerator.prepare(model)
     torch.save(model.state_dict(), "model.pt")
     ```
 
     ## Use instead
     ```python
+    model = accelerator.prepare(model)
     accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
     ```
     or `accelerator.save_model(model, "out/")`.

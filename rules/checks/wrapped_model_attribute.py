@@ -137,6 +137,7 @@ class WrappedModelAttribute(Rule):
 
     ## Use instead
     ```python
+    model = accelerator.prepare(model)
     tokens = accelerator.unwrap_model(model).generate(input_ids, max_new_tokens=20)
     ```
 
