@@ -8,7 +8,7 @@ from accelify.rules.every_process import EveryProcessRule, Reach
 from accelify.rules.facts import Facts, Where
 from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.neighbours import FETCHES
-from accelify.transform.patterns import callee_name, keyword_arg
+from accelify.transform.patterns import callee_name, keyword_arg, target_names
 from accelify.transform.walk import nodes
 
 # Fetches that skip a file already there: after ``main_process_first()`` the others find it.
@@ -61,6 +61,10 @@ class DownloadOnEveryProcess(EveryProcessRule):
     severity = Severity.WARNING
 
     VALID = (
+        # The disk test is at the call, through a name: the others find the files and skip.
+        "def fetch():\n    urllib.request.urlretrieve(URL, 'data.tgz')\n\n\n"
+        "accelerator = Accelerator()\nwith accelerator.main_process_first():\n"
+        "    ready = os.path.exists('data.tgz')\n    if not ready:\n        fetch()\n",
         "accelerator = Accelerator()\nwith accelerator.main_process_first():\n"
         "    train_set = datasets.MNIST('data', download=True)\n",
         "accelerator = Accelerator()\nif accelerator.is_main_process:\n"
@@ -94,34 +98,66 @@ class DownloadOnEveryProcess(EveryProcessRule):
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
         # fetches that write their files again each time they run -> where they are
-        self._rewrites: dict[cst.Call, Where] = {}
+        self._fetches: dict[cst.Call, Where] = {}
+        # Disk tests, followed only in files that name one (most do not):
+        self._disk_words = any(word in facts.source for word in _FILE_TESTS)
         self._check_disk: set[cst.FunctionDef | None] = set()  # scopes that test for files
+        self._disk_names: set[tuple[cst.FunctionDef | None, str]] = set()  # ready = p.exists()
+        self._tested: list[cst.If] = []  # the disk-test ifs around this point
+        self._called = {True: set[str](), False: set[str]()}  # names called under a test or not
+
+    def _tests_disk(self, test: cst.BaseExpression) -> bool:
+        function = self.facts.function()
+        return any(
+            (isinstance(n, cst.Call) and callee_name(n) in _FILE_TESTS)
+            or (isinstance(n, cst.Name) and (function, n.value) in self._disk_names)
+            for n in nodes(test, (cst.Call, cst.Name))
+        )
+
+    def leave_Assign(self, node: cst.Assign) -> None:
+        """``ready = all(p.exists() for p in files)``: a name that holds a disk test."""
+        if self._disk_words and self._tests_disk(node.value):
+            function = self.facts.function()
+            for target in node.targets:
+                self._disk_names.update((function, n) for n in target_names(target.target))
 
     def visit_If(self, node: cst.If) -> None:
-        test = node.test
-        while isinstance(test, cst.UnaryOperation):  # ``if not os.path.exists(...)``
-            test = test.expression
-        if not isinstance(test, cst.Call | cst.BooleanOperation):  # cheap: most tests stop here
-            return
-        if any(callee_name(call) in _FILE_TESTS for call in nodes(test, cst.Call)):
+        if self._disk_words and self._tests_disk(node.test):
             self._check_disk.add(self.facts.function())
+            self._tested.append(node)
+
+    def leave_If(self, node: cst.If) -> None:
+        if self._tested and self._tested[-1] is node:
+            self._tested.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         download = keyword_arg(node, "download")
         name = callee_name(node)
+        if self._disk_words and name is not None:
+            self._called[bool(self._tested)].add(name)
         if (isinstance(download, cst.Arg) and _is_true(download.value)) or name in _SKIP_FILES:
             self.candidate(node, fixable=False)
         elif name in _WRITING_FETCHES:
-            if self.facts.function() not in self._check_disk:
-                self._rewrites[node] = self.facts.where()
+            self._fetches[node] = self.facts.where()
             self.candidate(node, fixable=False)
 
+    def _rewrites(self, call: cst.Call) -> bool:
+        """Whether ``call`` writes its files again when run after the main process: no disk
+        test in its function, nor around every call of that function in this file."""
+        if call not in self._fetches:
+            return False
+        function = self._fetches[call].function
+        if function in self._check_disk:
+            return False
+        name = function.name.value if function is not None else None
+        return not (name in self._called[True] and name not in self._called[False])
+
     def excused(self, call: cst.Call, where: Where) -> bool:
-        return call not in self._rewrites and self.facts.runs_first(where)
+        return not self._rewrites(call) and self.facts.runs_first(where)
 
     def flag(self, call: cst.Call, reach: Reach) -> None:
         accelerator = reach.name or "PartialState()"
-        if call not in self._rewrites:
+        if not self._rewrites(call):
             self.report(
                 call,
                 "every process downloads here at once; wrap it in "
@@ -132,7 +168,7 @@ class DownloadOnEveryProcess(EveryProcessRule):
         again = (
             "`main_process_first()` lets the other processes download or extract again once "
             "the main one is done, over the files it is reading"
-            if self.facts.runs_first(self._rewrites[call])
+            if self.facts.runs_first(self._fetches[call])
             else "every process downloads or extracts here at once"
         )
         self.report(
