@@ -29,7 +29,8 @@ class ExitOnOwnValue(Rule):
     ## What it does
     Flags `break` and `return` under an `if` whose test reads a value computed (in the same
     function) from a batch of a loader, such as its loss, without a `gather`/`reduce` between,
-    inside a loop that trains.
+    inside a loop that trains; and a training `while` loop whose test reads such a value
+    (`while loss.item() > 0.01:`), which decides per process how many passes it runs.
 
     ## Why is this bad?
     Each process trains on its own shard, so each has its own loss. When one process's loss
@@ -75,12 +76,22 @@ class ExitOnOwnValue(Rule):
         "accelerator = Accelerator()\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
         "for step, batch in enumerate(dl):\n    accelerator.backward(model(batch).mean())\n"
         "    opt.step()\n    if step >= max_steps:\n        break\n",
+        "accelerator = Accelerator()\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
+        "loss = torch.tensor(1.0)\nwhile loss.item() > 0.05:\n    for batch in dl:\n"
+        "        loss = model(batch).mean()\n        accelerator.backward(loss)\n"
+        "        opt.step()\n    loss = accelerator.reduce(loss.detach(), 'mean')\n",
         # Evaluation: leaving a loop that does not train hangs nothing.
         "accelerator = Accelerator()\nmodel, dl = accelerator.prepare(model, dl)\n"
         "for batch in dl:\n    loss = model(batch).mean()\n    if loss.item() > 10:\n"
         "        break\n",
     )
     INVALID = (
+        Invalid(
+            "accelerator = Accelerator()\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
+            "loss = torch.tensor(1.0)\nwhile loss.item() > 0.05:\n    for batch in dl:\n"
+            "        loss = model(batch).mean()\n        accelerator.backward(loss)\n"
+            "        opt.step()\n"
+        ),
         Invalid(
             "accelerator = Accelerator()\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
             "for batch in dl:\n    loss = model(**batch).loss\n    accelerator.backward(loss)\n"
@@ -105,7 +116,8 @@ class ExitOnOwnValue(Rule):
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
         self._own = Bound(facts, self._is_own)
-        self._exits: list[tuple[cst.If, cst.BaseExpression, Loop, str]] = []
+        self._exits: list[tuple[cst.If | cst.While, cst.BaseExpression, Loop, str]] = []
+        self._whiles: list[tuple[cst.While, Loop]] = []
 
     def _is_own(self, value: cst.BaseExpression, named: Callable[[str], bool]) -> bool:
         """Computed from this process's batch, and not made common by a collective."""
@@ -141,18 +153,38 @@ class ExitOnOwnValue(Rule):
         loop = self.facts.innermost_loop()
         if loop is None or not _leaves(node.body):
             return
+        read = self._own_read(node.test)
+        if read is not None:
+            self._exits.append((node, read, loop, self.facts.accelerator_here() or ""))
+
+    def visit_While_body(self, node: cst.While) -> None:
+        loop = self.facts.innermost_loop()  # the facts open this loop's record first
+        if loop is not None and loop.node is node:
+            self._whiles.append((node, loop))
+
+    def leave_While(self, node: cst.While) -> None:
+        """``while loss.item() > 0.01:``: the test is read again after each pass of the body,
+        so it is judged on what the body binds."""
+        if not self._whiles or self._whiles[-1][0] is not node:
+            return
+        _node, loop = self._whiles.pop()
+        read = self._own_read(node.test)
+        if read is not None:
+            self._exits.append((node, read, loop, self.facts.accelerator_here() or ""))
+
+    def _own_read(self, test: cst.BaseExpression) -> cst.Name | None:
+        """The first name ``test`` reads that holds this process's own value, outside the
+        collectives it calls itself (``accelerator.reduce(loss, "mean") < t`` is shared)."""
         shared = {
             id(n)
-            for call in nodes(node.test, cst.Call)
+            for call in nodes(test, cst.Call)
             if callee_name(call) in _SHARED
             for n in nodes(call, cst.Name)
         }
-        read = next(
-            (n for n in nodes(node.test, cst.Name) if id(n) not in shared and self._own.holds(n)),
+        return next(
+            (n for n in nodes(test, cst.Name) if id(n) not in shared and self._own.holds(n)),
             None,
         )
-        if read is not None:
-            self._exits.append((node, read, loop, self.facts.accelerator_here() or ""))
 
     def leave_Module(self, node: cst.Module) -> None:
         for test, read, loop, accelerator in self._exits:
