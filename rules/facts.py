@@ -164,8 +164,9 @@ def guard_polarity(test: cst.BaseExpression, aliases: dict[str, int] | None = No
         return -guard_polarity(test.expression, aliases)
     if isinstance(test, cst.BooleanOperation):
         sides = (guard_polarity(test.left, aliases), guard_polarity(test.right, aliases))
-        wanted = 1 if isinstance(test.operator, cst.And) else -1
-        return wanted if wanted in sides else 0
+        if isinstance(test.operator, cst.And):  # true only where both are: either side narrows
+            return 1 if 1 in sides else -1 if -1 in sides else 0
+        return -1 if -1 in sides else 0
     if isinstance(test, cst.Call):
         return 1 if _GUARD_NAME.match(callee_name(test) or "") else 0
     name = dotted_name(test)
@@ -187,9 +188,10 @@ def _rank_comparison(test: cst.Comparison) -> int:
     op, right = target.operator, target.comparator
     if isinstance(right, cst.Integer) and right.value == "0":
         return 1 if isinstance(op, cst.Equal) else -1 if isinstance(op, cst.NotEqual) else 0
-    if isinstance(op, cst.In) and isinstance(right, (cst.List, cst.Tuple, cst.Set)):
-        values = {_code(e.value) for e in right.elements}
-        return 1 if values <= {"0", "-1"} else 0
+    if isinstance(op, cst.In | cst.NotIn) and isinstance(right, (cst.List, cst.Tuple, cst.Set)):
+        values = {_code(e.value) for e in right.elements}  # -1: not distributed at all
+        if values <= {"0", "-1"}:
+            return 1 if isinstance(op, cst.In) else -1
     return 0
 
 

@@ -6,7 +6,7 @@ import libcst as cst
 
 from accelify.rules.facts import Facts, name_role
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import Role, callee_name, keyword_arg
+from accelify.transform.patterns import Role, callee_name, dotted_name, keyword_arg
 
 # Names that show the script handles gradient sync itself, called or not (``ctx = model.no_sync``).
 _ACCUMULATION_APIS = frozenset({"accumulate", "no_sync"})
@@ -57,6 +57,9 @@ class AccumulateMissing(Rule):
         "accelerator = Accelerator(gradient_accumulation_steps=4)\nfor b in dl:\n"
         "    with accelerator.accumulate(model):\n        optimizer.step()",
         "accelerator = Accelerator(gradient_accumulation_steps=1)\noptimizer.step()",
+        # An evaluation script that shares its training script's arguments: nothing steps.
+        "accelerator = Accelerator(gradient_accumulation_steps=args.accum)\n"
+        "model = accelerator.prepare(model)\nfor batch in dl:\n    images = model(batch)\n",
         "optimizer = SGD(p)\nfor i, b in enumerate(dl):\n    if (i + 1) % 4 == 0:\n"
         "        optimizer.step()  # no Accelerator",
         "accelerator = Accelerator()\nfor i, b in enumerate(dl):\n    if i % 100 == 0:\n"
@@ -97,6 +100,7 @@ class AccumulateMissing(Rule):
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
         self._uses_accumulate = False
+        self._trains = False  # a backward pass or an optimizer step: an evaluation script has none
         self._steps_asked: list[cst.Arg] = []
         self._manual: list[cst.BaseExpression] = []
         self._modulo_ifs: list[cst.If] = []
@@ -115,10 +119,15 @@ class AccumulateMissing(Rule):
                 isinstance(steps.value, cst.Integer) and int(steps.value.value) <= 1
             ):
                 self._steps_asked.append(steps)
-        elif name == "step" and self._modulo_ifs and isinstance(node.func, cst.Attribute):
+        elif name == "backward":
+            self._trains = True
+        elif name == "step" and isinstance(node.func, cst.Attribute):
             receiver = node.func.value
-            role = self.facts.role(receiver) or name_role(getattr(receiver, "value", None))
-            if role is Role.OPTIMIZER and self._modulo_ifs[-1].test not in self._manual:
+            role = self.facts.role(receiver) or name_role(dotted_name(receiver))
+            if role is not Role.OPTIMIZER:
+                return
+            self._trains = True
+            if self._modulo_ifs and self._modulo_ifs[-1].test not in self._manual:
                 self._manual.append(self._modulo_ifs[-1].test)
 
     def visit_If(self, node: cst.If) -> None:
@@ -130,7 +139,7 @@ class AccumulateMissing(Rule):
             self._modulo_ifs.pop()
 
     def leave_Module(self, node: cst.Module) -> None:
-        if self._uses_accumulate:
+        if self._uses_accumulate or not self._trains:
             return
         for steps in self._steps_asked:
             self.report(

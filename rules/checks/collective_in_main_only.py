@@ -55,6 +55,13 @@ class CollectiveInMainOnly(Rule):
         "        if accelerator.is_main_process or accelerator.distributed_type == "
         "DistributedType.DEEPSPEED:\n"
         "            accelerator.save_state(f'checkpoint-{step}')",
+        # transformers' old main-process-first idiom: the others wait, then the main releases them.
+        "import torch\n\n\nclass Features(Dataset):\n    def __init__(self, args):\n"
+        "        if args.local_rank not in [-1, 0] and mode == 'train':\n"
+        "            torch.distributed.barrier()\n"
+        "        self.features = load_or_build(args)\n"
+        "        if args.local_rank == 0 and mode == 'train':\n"
+        "            torch.distributed.barrier()\n",
     )
     INVALID = (
         Invalid(
@@ -99,10 +106,19 @@ class CollectiveInMainOnly(Rule):
     def leave_Module(self, node: cst.Module) -> None:
         # ``if main: dist.broadcast(x, src=0) else: dist.broadcast(y, src=0)`` pairs up: fine.
         sides = {(w.branch[0], w.branch[1], m) for _, w, m in self._candidates if w.branch}
-        for call, where, method in self._candidates:
+        # ``if rank not in [-1, 0]: barrier()`` ... ``if rank == 0: barrier()``: the others wait
+        # while the main process works, then it releases them (the main-process-first idiom).
+        runs = [
+            (call, where, method, self.facts.runs_on(where))
+            for call, where, method in self._candidates
+        ]
+        split = {(w.function, m, r) for _, w, m, r in runs if r in ("main", "others")}
+        for call, where, method, runs_on in runs:
             if where.branch and (where.branch[0], -where.branch[1], method) in sides:
                 continue
-            runs_on = self.facts.runs_on(where)
+            other = "others" if runs_on == "main" else "main"
+            if (where.function, method, other) in split:
+                continue
             if runs_on in ("main", "others"):
                 who = "the main process only" if runs_on == "main" else "all but the main process"
                 self.report(call, _message(method, who))

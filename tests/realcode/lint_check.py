@@ -28,7 +28,11 @@ from accelify.transform.sources import SourceError, read
 
 HERE = Path(__file__).parent
 VERDICTS = HERE / "lint_verdicts.csv"
-FOLDERS = ("huggingface+accelerate/examples", "huggingface+diffusers/examples")
+FOLDERS = (
+    "huggingface+accelerate/examples",
+    "huggingface+diffusers/examples",
+    "huggingface+peft/examples",
+)
 VERDICTS_ALLOWED = frozenset({"true-bug", "cosmetic"})
 
 Key = tuple[str, int, str]  # path under ROOT, line, code

@@ -2,9 +2,9 @@
 demand.
 
 The checkouts are not part of the repository: set ``ACCELIFY_REALCODE`` to a folder of
-``owner+name`` checkouts (``huggingface+accelerate``, ``huggingface+diffusers``) to lint their
-examples again and compare with what was reviewed (``tests/realcode/lint_check.py`` does the same
-from the command line and prints the table).
+``owner+name`` checkouts (``huggingface+accelerate``, ``huggingface+diffusers``,
+``huggingface+peft``) to lint their examples again and compare with what was reviewed
+(``tests/realcode/lint_check.py`` does the same from the command line and prints the table).
 """
 
 from __future__ import annotations
