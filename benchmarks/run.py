@@ -39,6 +39,7 @@ class Profile:
     sizes: tuple[int, int] = (2500, 10000)  # module-level assignments, small and 4x larger
     exit_runs: int = 20  # runs of the clean-exit job per runtime and launcher
     big_file: int = 200_000  # lines of the file whose peak memory is measured
+    anchors: bool = True  # also run the other frameworks the runtime is compared with
 
 
 PROFILES = {
@@ -67,6 +68,7 @@ PROFILES = {
         sizes=(50, 200),
         exit_runs=1,
         big_file=500,
+        anchors=False,
     ),
 }
 
@@ -75,8 +77,8 @@ SECTIONS: dict[str, Callable[[Profile, Path], Section]] = {
     "startup": lambda p, work: static.startup(work, p.startup_repeats),
     "scaling": lambda p, _: scaling.scaling(p.sizes, p.repeats),
     "imports": lambda p, _: runtime_bench.imports(p.import_repeats),
-    "per_step": lambda p, _: runtime_bench.per_step(p.loop_repeats, p.steps),
-    "distributed": lambda p, _: runtime_bench.distributed(p.loop_repeats, p.steps),
+    "per_step": lambda p, _: runtime_bench.per_step(p.loop_repeats, p.steps, p.anchors),
+    "distributed": lambda p, _: runtime_bench.distributed(p.loop_repeats, p.steps, p.anchors),
     "gpu": lambda p, _: runtime_bench.gpu(p.loop_repeats, p.steps),
     "exits": lambda p, _: exits.exits(p.exit_runs),
     "memory": lambda p, work: memory.memory(work, p.big_file),

@@ -37,11 +37,14 @@ IMPORTS = {
 }
 
 
-def _available(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The frameworks that can run here, and a note for each that is not installed."""
+def _available(names: Sequence[str], anchors: bool = True) -> tuple[list[str], list[str]]:
+    """The frameworks that can run here, and a note for each that is not installed (or, with
+    ``anchors`` off, left out)."""
     ok, notes = [], []
     for name in names:
-        if name in OPTIONAL and installed(*OPTIONAL[name]) is None:
+        if name in OPTIONAL and not anchors:
+            notes.append(f"{LABELS[name]}: left out (no anchors in this mode)")
+        elif name in OPTIONAL and installed(*OPTIONAL[name]) is None:
             notes.append(f"{LABELS[name]}: not installed")
         else:
             ok.append(name)
@@ -84,9 +87,9 @@ def _pooled(results: list[dict]) -> Stat:
     return Stat.of([us for result in results for us in result["us_per_step"]])
 
 
-def per_step(repeats: int, steps: int) -> Section:
+def per_step(repeats: int, steps: int, anchors: bool = True) -> Section:
     """Section 5: one process, tiny MLP, CPU; fp32, gradient accumulation 4 and bf16 autocast."""
-    frameworks, notes = _available(list(LABELS))
+    frameworks, notes = _available(list(LABELS), anchors)
     section = Section(
         "per_step",
         "5. Per-step overhead, 1 process, CPU, 2-layer MLP, batch 32",
@@ -130,7 +133,7 @@ def _launchers(processes: int) -> dict[str, tuple[list[str], dict[str, str]]]:
     }
 
 
-def distributed(repeats: int, steps: int) -> Section:
+def distributed(repeats: int, steps: int, anchors: bool = True) -> Section:
     """Section 6: 2 gloo processes. Step time of each framework under its own launcher, and
     launch-to-first-step latency of the three launchers running the same raw DDP script."""
     launchers = _launchers(2)
@@ -141,8 +144,10 @@ def distributed(repeats: int, steps: int) -> Section:
         ("raw DDP", "accel-run"): "raw",
         ("raw DDP", "accelerate launch"): "raw",
     }
-    if installed("accelerate", "accelerate") is None:
+    if not anchors or installed("accelerate", "accelerate") is None:
         runs = {key: fw for key, fw in runs.items() if key[1] != "accelerate launch"}
+    if not anchors:
+        runs = {key: fw for key, fw in runs.items() if key != ("raw DDP", "accel-run")}
     samples: dict[tuple[str, str], list[dict]] = {key: [] for key in runs}
     for _ in range(repeats):
         for (name, launcher), framework in runs.items():
@@ -155,6 +160,7 @@ def distributed(repeats: int, steps: int) -> Section:
         "distributed",
         "6. Two processes on CPU (gloo), 2-layer MLP, batch 32 per process",
         ["Loop", "Launcher", "µs/step", "vs raw DDP", "Launch to first step, s"],
+        notes=[] if anchors else ["HF Accelerate, and raw DDP under accel-run: left out"],
     )
     raw = _pooled(samples[("raw DDP", "torchrun")])
     for (name, launcher), results in samples.items():

@@ -1,8 +1,8 @@
 """The differential oracle in the default suite.
 
 Fast tests check the generator itself (deterministic, compilable, varied, every variant reachable,
-shrinking). The slow test judges a fixed sample of 20 scripts chosen so that every variant of the
-catalogue appears in at least two of them (``sweep.py --count 300`` judges whole seeds); each
+shrinking). The slow test judges a fixed sample of 10 scripts chosen so that every variant of the
+catalogue appears in at least one of them (``sweep.py --count 300`` judges whole seeds); each
 script is its own test, failing with the verdict and the command that reproduces it
 (``sweep.py --only INDEX``, which also shrinks it).
 """
@@ -31,7 +31,7 @@ from generate import (
 )
 
 SEED = 0
-SAMPLE = covering_sample(SEED, 20)  # every variant at least twice (9 scripts cover each once)
+SAMPLE = covering_sample(SEED, 10)  # every variant at least once (the sweep goes deeper)
 
 
 def _body(source: str) -> str:
