@@ -29,6 +29,15 @@ for x in torch.randn(8, 4).split(2):
     loss.backward()
     optimizer.step()
 """
+# One safe accel-lint fix (ACL202: clip through the accelerator).
+FIXABLE = """\
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model = accelerator.prepare(torch.nn.Linear(2, 2))
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+"""
 # CPython takes ~3000 terms; the tools' own recursion runs out near 1000.
 LONG = "import torch\nx = " + " + ".join(["1"] * 1500) + "\n"
 # CPython refuses more than 200 nested brackets; libcst's parser dies past a few thousand.
@@ -101,15 +110,48 @@ def test_a_read_only_file_is_not_rewritten(
     assert stat.S_IMODE(path.stat().st_mode) == 0o444
 
 
-def test_temporary_files_a_killed_run_left_behind_go_on_the_next_write(tmp_path: Path) -> None:
+def test_a_file_named_like_a_temporary_file_is_the_users_and_stays(tmp_path: Path) -> None:
+    """Only the temporary file a write made is ever removed: one a killed run left looks the
+    same as a user's own ``.train.py.my notes.tmp``."""
     path = _files(tmp_path, train=TRAINING)["train"]
-    stale = tmp_path / ".train.py.k1ll3d.tmp"
-    stale.write_text("half")
-    other = tmp_path / ".other.py.k1ll3d.tmp"  # another file's: not ours to remove
-    other.write_text("half")
-    sources.write_atomic(str(path), b"x = 1\n")
-    assert not stale.exists() and other.exists()
-    assert path.read_text() == "x = 1\n"
+    mine = tmp_path / ".train.py.my notes.tmp"
+    mine.write_text("notes")
+    assert convert_cli.run(["--inplace", str(path)]) == 0
+    assert mine.read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name, "train.py"]
+
+
+def test_inplace_on_a_symlink_rewrites_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    real = _files(tmp_path, train=TRAINING)["train"]
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "train.py"
+    link.symlink_to(real)
+    assert convert_cli.run(["--inplace", str(link)]) == 0
+    assert link.is_symlink() and link.resolve() == real
+    assert "accelerator.backward(loss)" in real.read_text()
+    assert [p.name for p in (tmp_path / "links").iterdir()] == ["train.py"]  # no temp left here
+
+
+def test_lint_fix_on_a_symlink_rewrites_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    real = tmp_path / "train.py"
+    real.write_text(FIXABLE)
+    link = tmp_path / "link.py"
+    link.symlink_to(real)
+    lint_cli.run(["--fix", str(link)])
+    assert link.is_symlink() and real.read_text() != FIXABLE
+
+
+def test_a_file_with_hard_links_is_not_rewritten_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _files(tmp_path, train=TRAINING)["train"]
+    other = tmp_path / "same.py"
+    os.link(path, other)
+    assert convert_cli.run(["--inplace", str(path)]) == 2
+    [error] = [line for line in _lines(capsys.readouterr().err) if "train.py" in line]
+    assert "train.py:0: has 2 hard links, not rewritten" in error
+    assert path.read_text() == other.read_text() == TRAINING
+    assert os.path.samefile(path, other)
 
 
 def test_sigterm_while_writing_leaves_the_file_whole_and_no_temporary_file(

@@ -7,7 +7,6 @@ byte outside the edited spots; every failure is a :class:`SourceError` that prin
 
 from __future__ import annotations
 
-import glob
 import io
 import os
 import stat
@@ -154,20 +153,29 @@ def read(path: str) -> Source:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` in one rename, keeping its mode bits.
+    """Replace the file ``path`` names with ``data`` in one rename, keeping its mode bits.
 
-    The bytes go to a temporary file in the same folder first, so a crash or a full disk never
-    leaves a half-written file behind; what a killed run left there for this file goes first. A
-    new file gets the mode ``open()`` would give it, not the temporary file's private 0600. A
-    read-only file is refused: its owner said it is not to be rewritten (root could).
+    A symbolic link is followed: the file it points to is rewritten, in that file's folder, and
+    the link stays a link. A file with other hard links is refused: a rename would leave the
+    other names with the old text. The bytes go to a temporary file in the same folder first, so
+    a crash or a full disk never leaves a half-written file behind; that file, and nothing
+    else, is removed when the write fails (a file named like it may be the user's). A new file
+    gets the mode ``open()`` would give it, not the temporary file's private 0600. A read-only
+    file is refused: its owner said it is not to be rewritten (root could).
     """
-    target = Path(path)
+    target = Path(os.path.realpath(path))
     exists = target.exists()
-    mode = stat.S_IMODE(target.stat().st_mode) if exists else _new_file_mode()
-    if exists and not mode & stat.S_IWUSR:
+    info = target.stat() if exists else None
+    mode = stat.S_IMODE(info.st_mode) if info else _new_file_mode()
+    if info and not mode & stat.S_IWUSR:
         raise SourceError(path, 0, "read-only file, not rewritten (make it writable to allow)")
-    for stale in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    if info and info.st_nlink > 1:
+        raise SourceError(
+            path,
+            0,
+            f"has {info.st_nlink} hard links, not rewritten: a rewrite would leave the other "
+            "names with the old text (write the result elsewhere, or unlink the others)",
+        )
     tmp = ""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
