@@ -28,7 +28,7 @@ from accelify.transform.patterns import (
     method_call,
     target_names,
 )
-from accelify.transform.walk import Visitor, walk
+from accelify.transform.walk import Visitor, nodes, walk
 
 # Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
@@ -305,15 +305,7 @@ def names_in(node: cst.CSTNode) -> list[cst.Name]:
 
 def name_nodes(node: cst.CSTNode, name: str) -> list[cst.Name]:
     """Every ``Name`` spelling ``name`` under ``node``, inside functions and classes too."""
-    found: list[cst.Name] = []
-
-    class _Finder(Visitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value == name:
-                found.append(node)
-
-    walk(node, _Finder())
-    return found
+    return [n for n in nodes(node, cst.Name) if n.value == name]
 
 
 class _NameCollector(Visitor):

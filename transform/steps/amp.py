@@ -22,7 +22,7 @@ from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.setup import BACKWARD, Refused, step_order, stepped_optimizers
 from accelify.transform.steps.backward import to_accelerator_backward
-from accelify.transform.walk import Visitor, walk
+from accelify.transform.walk import nodes
 
 _AUTOCASTS = frozenset({"autocast"})
 _SCALER_METHODS = frozenset({"scale", "step", "unscale_", "update"})
@@ -133,24 +133,20 @@ def _other_scaler_uses(plan: Plan) -> list[cst.Name]:
     """Reads of a scaler other than its own method calls (passed on, checkpointed, ...)."""
     a = plan.analysis
     uses: list[cst.Name] = []
-
-    class _Finder(Visitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            scope = a.scope_of.get(id(node))
-            if scope not in plan.training or a.role(scope, node.value) is not Role.SCALER:
-                return
-            parent = a.parent(node)
-            if isinstance(parent, cst.AssignTarget | cst.Param):
-                return
-            if (
-                isinstance(parent, cst.Attribute)
-                and parent.value is node
-                and parent.attr.value in _SCALER_METHODS
-            ):
-                return
-            uses.append(node)
-
-    walk(a.module, _Finder())
+    for node in nodes(a.module, cst.Name):
+        scope = a.scope_of.get(id(node))
+        if scope not in plan.training or a.role(scope, node.value) is not Role.SCALER:
+            continue
+        parent = a.parent(node)
+        if isinstance(parent, cst.AssignTarget | cst.Param):
+            continue
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.value is node
+            and parent.attr.value in _SCALER_METHODS
+        ):
+            continue
+        uses.append(node)
     return uses
 
 

@@ -231,23 +231,24 @@ def _exits(
 
 
 def _leaving(loop: cst.For | cst.While) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
+    leaves = _Leaves()
+    walk(loop.body, leaves)
+    return leaves.found
 
-    class _Leaves(Visitor):
-        def visit_Break(self, node: cst.Break) -> None:
-            found.append(node)
 
-        def visit_Continue(self, node: cst.Continue) -> None:
-            found.append(node)
+class _Leaves(Visitor):
+    """The ``break``, ``continue`` and ``return`` statements of a loop body, not of the
+    functions defined in it. Defined once, at module level: the walk caches handlers per
+    visitor class, so a class made per call would be kept, with the tree it saw."""
 
-        def visit_Return(self, node: cst.Return) -> None:
-            found.append(node)
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[cst.CSTNode] = []
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-    walk(loop.body, _Leaves())
-    return found
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Break | cst.Continue | cst.Return):
+            self.found.append(node)
+        return not isinstance(node, cst.FunctionDef)
 
 
 # which values differ between processes -------------------------------------------------------

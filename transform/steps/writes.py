@@ -28,7 +28,7 @@ from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
-from accelify.transform.walk import Visitor, nodes, walk
+from accelify.transform.walk import nodes
 
 _WRITE_MODES = frozenset("wax")
 _DISK_TESTS = frozenset(
@@ -370,17 +370,11 @@ def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
     a = plan.analysis
     setup = plan.setup
     models = set(setup.models(a))  # type: ignore[union-attr]
-    found = False
-
-    class _Calls(Visitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal found
-            key = key_of(node.func)
-            if key is None and isinstance(node.func, cst.Attribute):
-                key = key_of(node.func.value)
-            scope = a.scope_of.get(id(node))
-            if key is not None and scope is not None:
-                found = found or bool(origins(a, setup.scope, scope, key) & models)  # type: ignore[union-attr]
-
-    walk(statement, _Calls())
-    return found
+    for node in nodes(statement, cst.Call):
+        key = key_of(node.func)
+        if key is None and isinstance(node.func, cst.Attribute):
+            key = key_of(node.func.value)
+        scope = a.scope_of.get(id(node))
+        if key is not None and scope is not None and origins(a, setup.scope, scope, key) & models:  # type: ignore[union-attr]
+            return True
+    return False
