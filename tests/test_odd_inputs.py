@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,6 +86,26 @@ def test_the_linter_reports_deep_code_on_one_line_too(
     out = capsys.readouterr()
     lines = [line for line in _lines(out.out + out.err) if "deep.py" in line]
     assert len(lines) == 1 and "deep.py:2: " in lines[0] and "internal error" not in lines[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_or_a_device_is_one_line_never_opened(tmp_path: Path) -> None:
+    """Opening a FIFO waits for a writer (the run hung); a device such as /dev/zero never ends."""
+    files = _files(tmp_path, train=TRAINING)
+    os.mkfifo(tmp_path / "pipe.py")
+    for tool, args in (("accel-convert", ["--inplace"]), ("accel-lint", [])):
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name(tool)), *args, str(tmp_path), "/dev/zero"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        errors = [line for line in _lines(done.stderr + done.stdout) if "not opened" in line]
+        assert done.returncode == 2, done.stderr
+        assert len(errors) == 2 and "pipe.py:0: is a named pipe (FIFO)" in errors[0], errors
+        assert "/dev/zero:0: is a character device" in errors[1]
+    assert "accelerator.backward(loss)" in files["train"].read_text()
 
 
 def test_a_symlink_loop_is_one_file_error_not_the_end_of_the_walk(

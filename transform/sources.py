@@ -142,6 +142,9 @@ def read(path: str) -> Source:
     if path == STDIN:
         return decode(STDIN_NAME, sys.stdin.buffer.read())
     try:
+        kind = _special_kind(os.stat(path).st_mode)
+        if kind is not None:  # opening a FIFO waits for a writer; a device never ends
+            raise SourceError(path, 0, f"is a {kind}, not a file: not opened")
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise SourceError(path, 0, "no such file") from None
@@ -197,6 +200,19 @@ def _new_file_mode() -> int:
     umask = os.umask(0)  # reading the umask means setting it; put it straight back
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def _special_kind(mode: int) -> str | None:
+    """What a path that is neither a regular file nor a folder is, to say so."""
+    for test, kind in (
+        (stat.S_ISFIFO, "named pipe (FIFO)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return kind
+    return None
 
 
 def iter_paths(paths: Iterable[str], suffixes: tuple[str, ...] = (".py",)) -> Iterator[str]:
