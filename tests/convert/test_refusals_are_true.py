@@ -222,6 +222,9 @@ def test_target_accelerate_reads_the_rank_with_the_accelerators_cpu_choice(tmp_p
             "from accelerate import PartialState as _State",
             "with open(f\"world-{_os.environ['RANK']}.txt\", 'w') as _f:",
             "    _f.write(str(_State().num_processes))",
+            # Past what is asked, skip the interpreter's teardown: gloo's can abort a rank there
+            # (SIGABRT, "terminate called without an active exception"; 1 run in 3 here).
+            "_os._exit(0)",
         ]
     )
     script = tmp_path / "train.py"
