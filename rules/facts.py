@@ -517,37 +517,32 @@ class Facts:
     def _enter_branch(self, node: cst.If, side: int) -> None:
         """The body (side 1) or else branch (-1) of ``node``; guards count while inside."""
         polarity = guard_polarity(node.test, self._guard_aliases) * side
-        scope = self._scopes[-1]
-        scope.branches.append((node, side, polarity))
-        scope.guard += polarity > 0
-        scope.others += polarity < 0
+        self._scopes[-1].branches.append((node, side, polarity))
+        self._count_guard(polarity, 1)
 
     def _leave_branch(self) -> None:
-        scope = self._scopes[-1]
-        _, _, polarity = scope.branches.pop()
-        scope.guard -= polarity > 0
-        scope.others -= polarity < 0
+        _, _, polarity = self._scopes[-1].branches.pop()
+        self._count_guard(polarity, -1)
 
-    def visit_IfExp_body(self, node: cst.IfExp) -> None:
-        """``SummaryWriter(...) if accelerator.is_main_process else None`` guards its body."""
-        self._count_guard(node, 1, 1)
-
-    def leave_IfExp_body(self, node: cst.IfExp) -> None:
-        self._count_guard(node, 1, -1)
-
-    def visit_IfExp_orelse(self, node: cst.IfExp) -> None:
-        self._count_guard(node, -1, 1)
-
-    def leave_IfExp_orelse(self, node: cst.IfExp) -> None:
-        self._count_guard(node, -1, -1)
-
-    def _count_guard(self, node: cst.IfExp, side: int, step: int) -> None:
-        """Entering (``step`` 1) or leaving (-1) one side of a conditional expression: a guard
-        as an ``if``'s branch is, with no branch of its own to place a fix in."""
-        polarity = guard_polarity(node.test, self._guard_aliases) * side
+    def _count_guard(self, polarity: int, step: int) -> None:
+        """Entering (``step`` 1) or leaving (-1) code under a test of this ``polarity``."""
         scope = self._scopes[-1]
         scope.guard += step * (polarity > 0)
         scope.others += step * (polarity < 0)
+
+    # ``SummaryWriter(...) if accelerator.is_main_process else None`` guards like an ``if``,
+    # with no branch of its own to place a fix in.
+    def visit_IfExp_body(self, node: cst.IfExp) -> None:
+        self._count_guard(guard_polarity(node.test, self._guard_aliases), 1)
+
+    def leave_IfExp_body(self, node: cst.IfExp) -> None:
+        self._count_guard(guard_polarity(node.test, self._guard_aliases), -1)
+
+    def visit_IfExp_orelse(self, node: cst.IfExp) -> None:
+        self._count_guard(-guard_polarity(node.test, self._guard_aliases), 1)
+
+    def leave_IfExp_orelse(self, node: cst.IfExp) -> None:
+        self._count_guard(-guard_polarity(node.test, self._guard_aliases), -1)
 
     def leave_If(self, node: cst.If) -> None:
         """``if not accelerator.is_main_process: return`` guards the rest of the block."""

@@ -167,8 +167,10 @@ def write_atomic(path: str, data: bytes) -> None:
     file is refused: its owner said it is not to be rewritten (root could).
     """
     target = Path(os.path.realpath(path))
-    exists = target.exists()
-    info = target.stat() if exists else None
+    try:
+        info: os.stat_result | None = target.stat()
+    except OSError:  # not there (or not reachable): a new file, and its write says why not
+        info = None
     mode = stat.S_IMODE(info.st_mode) if info else _new_file_mode()
     if info and not mode & stat.S_IWUSR:
         raise SourceError(path, 0, "read-only file, not rewritten (make it writable to allow)")

@@ -151,11 +151,8 @@ class ExitOnOwnValue(Rule):
 
     def visit_If(self, node: cst.If) -> None:
         loop = self.facts.innermost_loop()
-        if loop is None or not _leaves(node.body):
-            return
-        read = self._own_read(node.test)
-        if read is not None:
-            self._exits.append((node, read, loop, self.facts.accelerator_here() or ""))
+        if loop is not None and _leaves(node.body):
+            self._note_exit(node, loop)
 
     def visit_While_body(self, node: cst.While) -> None:
         loop = self.facts.innermost_loop()  # the facts open this loop's record first
@@ -167,7 +164,10 @@ class ExitOnOwnValue(Rule):
         so it is judged on what the body binds."""
         if not self._whiles or self._whiles[-1][0] is not node:
             return
-        _node, loop = self._whiles.pop()
+        self._note_exit(node, self._whiles.pop()[1])
+
+    def _note_exit(self, node: cst.If | cst.While, loop: Loop) -> None:
+        """Remember ``node`` when its test reads this process's own value."""
         read = self._own_read(node.test)
         if read is not None:
             self._exits.append((node, read, loop, self.facts.accelerator_here() or ""))

@@ -100,8 +100,8 @@ class LoadStateBeforePrepare(Rule):
         if function in self._prepared and not any(_holds_state(a.value) for a in node.args):
             return
         self._prepared.add(function)
+        receiver = dotted_name(func.value)
         for load in self._loads.pop(function, []):
-            receiver = dotted_name(func.value)
             self.report(
                 load,
                 "`load_state` before this function's `prepare` restores nothing (it "

@@ -6,7 +6,7 @@ import libcst as cst
 
 from accelify.rules.facts import Facts, Loop
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import callee_name, keyword_arg
+from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
 
 # Where ``even_batches`` is set for every prepared loader of the script.
 _CONFIGURES = frozenset({"Accelerator", "DataLoaderConfiguration"})
@@ -97,11 +97,11 @@ class UnevenBatchesInTraining(Rule):
         if not self._asked or callee_name(node) not in _CONFIGURES:
             return
         even = keyword_arg(node, "even_batches")
-        if even is not None and _is_false(even.value):
+        if even is not None and dotted_name(even.value) == "False":
             self._uneven.append(even)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if self._asked and _is_false(node.value):
+        if self._asked and dotted_name(node.value) == "False":
             for target in node.targets:
                 attribute = target.target
                 if (
@@ -120,8 +120,10 @@ class UnevenBatchesInTraining(Rule):
             self._joined -= 1
 
     def visit_For_body(self, node: cst.For) -> None:
+        if not self._asked or self._joined:
+            return
         loop = self.facts.innermost_loop()  # the facts open this loop's record first
-        if self._asked and not self._joined and loop is not None and loop.node is node:
+        if loop is not None and loop.node is node:
             self._loader_loops.append(loop)
 
     def leave_Module(self, node: cst.Module) -> None:
@@ -135,10 +137,6 @@ class UnevenBatchesInTraining(Rule):
                 "others wait for them in the next gradient all-reduce (a hang); keep even "
                 "batches for training, or train inside `join_uneven_inputs([model])`",
             )
-
-
-def _is_false(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "False"
 
 
 def _joins(node: cst.With) -> bool:
