@@ -28,6 +28,7 @@ GPU hours: CUDA touched before a fork, wrapped models saved, collectives on one 
 computed on one shard, schedules sized wrong. Never imports torch.
 
 Each PATH is a file or a folder (.py and .ipynb files; default: .); - reads standard input.
+A notebook in another language (an R or Julia kernel) is skipped with a note.
 
 Exit status: 0 clean, 1 findings (with --diff: fixes to show), 2 error.
 """

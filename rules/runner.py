@@ -14,6 +14,7 @@ from accelify.rules.rule import Rule
 from accelify.transform.sources import (
     STDIN,
     STDIN_NAME,
+    Skipped,
     Source,
     SourceError,
     read,
@@ -43,12 +44,17 @@ class FileResult:
     notes: list[str] = field(default_factory=list)
 
 
-def check_file(path: str, options: Options) -> FileResult:
-    """Lint (and with ``--fix``/``--diff``, fix) one file; errors come back as one line."""
+def check_file(path: str | SourceError, options: Options) -> FileResult:
+    """Lint (and with ``--fix``/``--diff``, fix) one file; errors come back as one line, and so
+    does a folder the walk could not list (``path`` is then its error)."""
+    if isinstance(path, SourceError):
+        return FileResult(path.path, error=str(path))
     name = path if path != STDIN else options.stdin_filename or STDIN_NAME
     result = FileResult(name)
     try:
         _check(path, options, result)
+    except Skipped as note:  # a notebook in another language: a line, not a failure
+        result.notes.append(str(note))
     except SourceError as err:
         named = err if err.path != STDIN_NAME else SourceError(name, err.line, err.message)
         result.error = str(named)

@@ -26,6 +26,7 @@ from accelify.transform.notebook import NotebookResult, convert_notebook
 from accelify.transform.plan import MixedPrecision, Options, Target
 from accelify.transform.sources import (
     STDIN,
+    Skipped,
     Source,
     SourceError,
     iter_paths,
@@ -48,7 +49,8 @@ With one file and no mode, the converted source is printed (in the file's own en
 several files need --inplace, --diff or --check. Each PATH is a file or a folder (walked for
 *.py files, skipping hidden folders and git-ignored files; --check and --diff also walk for
 *.ipynb notebooks, which are rewritten only when named); - reads standard input. A notebook's code
-cells are converted as one script and reported as path:cell N:line.
+cells are converted as one script and reported as path:cell N:line; one in another language (an
+R or Julia kernel) is skipped with a note.
 
 Exit status: 0 done or nothing to change, 1 --check or --diff found changes, 2 an error
 (errors win).
@@ -157,7 +159,10 @@ def _command(  # typer passes every parameter by name
     results = term.parallel_map(convert_one, sources, jobs)
     for path, item in zip(names, loaded, strict=True):
         outcome = item if isinstance(item, SourceError) else next(results)
-        if isinstance(outcome, SourceError):
+        if isinstance(outcome, Skipped) and isinstance(item, Source):
+            report.skipped(outcome)
+            outcome = Result(item.text, original=item.text)  # goes through as it came
+        elif isinstance(outcome, SourceError):
             report.error(outcome)
             continue
         try:
@@ -196,8 +201,10 @@ def _walked_suffixes(mode: Mode) -> tuple[str, ...]:
     return (".py", ".ipynb") if mode in ("check", "diff") else (".py",)
 
 
-def _load(path: str, stdin_filename: str | None) -> Source | SourceError:
+def _load(path: str | SourceError, stdin_filename: str | None) -> Source | SourceError:
     """The source, or its one-line error; standard input under ``--stdin-filename`` if given."""
+    if isinstance(path, SourceError):  # a folder the walk could not list
+        return path
     try:
         source = read(path)
     except SourceError as err:
@@ -308,11 +315,17 @@ class _Report:
         self.quiet, self.mode, self.github = quiet, mode, github
         self.dry = mode in ("diff", "check")
         self.err = term.console(stderr=True)
-        self.changed = self.manual = self.errors = 0
+        self.changed = self.manual = self.errors = self.skipped_files = 0
 
     def error(self, err: SourceError) -> None:
         self.errors += 1
         self.err.print(term.styled(self.err, (str(err), "red")))
+
+    def skipped(self, note: Skipped) -> None:
+        """A file left alone on purpose: a line (not under --quiet), no error."""
+        self.skipped_files += 1
+        if not self.quiet:
+            self.err.print(term.styled(self.err, (str(note), "dim")))
 
     def done(self, path: str, result: Result, written: str | None) -> None:
         self.changed += result.changed
@@ -341,11 +354,13 @@ class _Report:
 
     def _counts(self, total: int) -> list[str | tuple[str, str]]:
         verb = "would be converted" if self.dry else "converted"
-        unchanged = total - self.changed - self.errors
+        unchanged = total - self.changed - self.errors - self.skipped_files
         parts: list[str | tuple[str, str]] = [
             f"{_plural(self.changed, 'file')} {verb}",
             f", {unchanged} unchanged",
         ]
+        if self.skipped_files:
+            parts.append(f", {self.skipped_files} skipped")
         if self.manual:
             parts.append((f", {_plural(self.manual, 'place')} to finish by hand", "yellow"))
         if self.errors:

@@ -2,23 +2,29 @@
 telling IPython syntax from Python, naming a place as ``path:cell N:line``, and writing the JSON
 back in the layout it came in.
 
-Cells are numbered among code cells (1-based), as both tools report them.
+Cells are numbered among code cells (1-based), as both tools report them. A notebook whose
+kernel is not Python is :class:`~accelify.transform.sources.Skipped`, as Ruff and VS Code skip
+one; JSON that Python's json module cannot hold (nested too deeply, an integer of more digits
+than ``int()`` converts) is a one-line error, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from accelify.transform.sources import SourceError
+from accelify.transform.sources import Skipped, SourceError
 
 # A line IPython runs but Python cannot parse: ``%magic``, ``!shell``, ``?help``, ``x = %magic``.
 _MAGIC = re.compile(r"^(\s*)([%!?]|\w[\w.,\s]*=\s*[%!])")
 _CELL_TYPES = frozenset({"code", "markdown", "raw"})
 _INDENT = re.compile(r"\{\r?\n([ \t]+)")
 _LINE = re.compile(r"[^\n]*\n|[^\n]+")  # split after "\n" only, as Jupyter stores lines
+_PYTHON = re.compile(r"i?python\d*", re.IGNORECASE)
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a string, or a bracket
 
 Cell = dict[str, Any]
 
@@ -30,10 +36,10 @@ def located(path: str, cell: int, line: int, message: str) -> SourceError:
 
 def load(path: str, text: str) -> dict[str, Any]:
     """The notebook JSON ``text`` in nbformat 4's shape, or a one-line error saying what is off."""
-    try:
-        book = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SourceError(path, err.lineno, f"not a Jupyter notebook: {err.msg}") from None
+    book = _parsed(path, text)
+    language = _language(book)
+    if language is not None and not _PYTHON.fullmatch(language):
+        raise Skipped(path, 0, f"skipped: not a Python notebook (its language is {language!r})")
     cells = book.get("cells") if isinstance(book, dict) else None
     if not isinstance(cells, list):
         raise SourceError(path, 1, 'not a Jupyter notebook: no "cells" list')
@@ -50,6 +56,58 @@ def load(path: str, text: str) -> dict[str, Any]:
                 "cell_type (code, markdown, raw) and a source (a string or a list of strings)",
             )
     return book
+
+
+def _parsed(path: str, text: str) -> Any:
+    """``json.loads(text)``, its failures as one line each."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SourceError(path, err.lineno, f"not a Jupyter notebook: {err.msg}") from None
+    except RecursionError:
+        raise too_deep(path, text) from None
+    except ValueError as err:  # Python 3.11+ (3.10.7+): int() refuses over 4300 digits
+        raise _long_number(path, text, err) from None
+
+
+def too_deep(path: str, text: str) -> SourceError:
+    """The error for notebook JSON nested deeper than Python's json module goes (nbformat, and
+    so Jupyter, cannot read it either), at the line where it is deepest."""
+    depth = deepest = at = 0
+    for token in _JSON_TOKEN.finditer(text):
+        if token.group() in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, at = depth, token.start()
+        elif token.group() in "]}":
+            depth -= 1
+    message = f"not read: JSON nested {deepest} deep, more than Python's json module reads"
+    return SourceError(path, text.count("\n", 0, at) + 1, message)
+
+
+def _long_number(path: str, text: str, err: ValueError) -> SourceError:
+    """The error for an integer of more digits than Python converts to ``int``."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    found = re.search(rf"\d{{{limit + 1},}}", text) if limit else None
+    if found is None:
+        return SourceError(path, 1, f"not a Jupyter notebook: {err}")
+    message = (
+        f"not read: a number of {len(found.group())} digits, more than Python reads ({limit}; "
+        "PYTHONINTMAXSTRDIGITS=0 lifts the limit)"
+    )
+    return SourceError(path, text.count("\n", 0, found.start()) + 1, message)
+
+
+def _language(book: object) -> str | None:
+    """The notebook's language as Jupyter records it: the running kernel's ``language_info``,
+    else the ``kernelspec`` (the order Ruff and VS Code read them in); None when neither says."""
+    metadata = book.get("metadata") if isinstance(book, dict) else None
+    for section, key in (("language_info", "name"), ("kernelspec", "language")):
+        entry = metadata.get(section) if isinstance(metadata, dict) else None
+        value = entry.get(key) if isinstance(entry, dict) else None
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def code_cells(book: dict[str, Any]) -> list[Cell]:
@@ -139,13 +197,19 @@ class _LogicalLines:
         self.open = self.depth > 0 or len(self.quote) == 3 or backslash
 
 
-def dump(book: dict[str, Any], like: str) -> str:
+def dump(book: dict[str, Any], like: str, path: str) -> str:
     """``book`` as JSON in the layout of the file text ``like``: its indentation, its escaping of
-    non-ASCII text, its final newline. Key order is the dict's, which ``json.loads`` kept."""
+    non-ASCII text, its final newline. Key order is the dict's, which ``json.loads`` kept.
+
+    JSON nested just under what ``json.loads`` took can be too deep for ``json.dumps``, called
+    from deeper in the stack: that is :func:`too_deep` too."""
     indent = _INDENT.match(like.lstrip())
-    text = json.dumps(
-        book,
-        indent=indent.group(1) if indent else None,
-        ensure_ascii=like.isascii(),
-    )
+    try:
+        text = json.dumps(
+            book,
+            indent=indent.group(1) if indent else None,
+            ensure_ascii=like.isascii(),
+        )
+    except RecursionError:
+        raise too_deep(path, like) from None
     return text + like[len(like.rstrip()) :]

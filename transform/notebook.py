@@ -99,7 +99,7 @@ def convert_notebook(
         ipynb.with_source(cell, next(new)) if cell["cell_type"] == "code" else cell
         for cell in book["cells"]
     ]
-    code = ipynb.dump(book, text)
+    code = ipynb.dump(book, text, path)
     return NotebookResult(code, result.notes, text, result, program.places, after)
 
 

@@ -2,13 +2,15 @@
 
 A source keeps the encoding it came in (PEP 263 cookie or BOM) so it can be written back byte for
 byte outside the edited spots; every failure is a :class:`SourceError` that prints as one
-``path:line: message`` line.
+``path:line: message`` line, and a file the tools leave alone on purpose is a :class:`Skipped`.
 """
 
 from __future__ import annotations
 
+import codecs
 import io
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -41,7 +43,13 @@ class SourceError(Exception):
 
     def __reduce__(self) -> tuple[type[SourceError], tuple[str, int, str]]:
         # Worker processes send errors back pickled; the default would call __init__ with one arg.
-        return SourceError, (self.path, self.line, self.message)
+        return type(self), (self.path, self.line, self.message)
+
+
+class Skipped(SourceError):
+    """A well-formed file that is not the tools' to read (a notebook in another language): one
+    line like an error's, but a note, not a failure. Exiting 2 would fail every CI run of a
+    repository that also holds R notebooks, and nothing in the file is wrong."""
 
 
 # CPython before 3.12 keeps the AST builder's recursion depth in interpreter-wide state: two
@@ -115,26 +123,126 @@ class Source:
     path: str
     text: str
     encoding: str = "utf-8"
+    # Whether encoding ``text`` gives back the bytes read: not with unicode_escape, whose encoder
+    # writes every newline as ``\\n``.
+    lossless: bool = True
 
     def encode(self, text: str) -> bytes:
-        return text.encode(self.encoding)
+        """``text`` in the source's encoding; an error rather than bytes that would change the
+        parts of the file no one edited."""
+        if not self.lossless:
+            raise SourceError(
+                self.path,
+                0,
+                f"not written: the {self.encoding} codec would not give back the bytes it read "
+                "(save the file as UTF-8)",
+            )
+        try:
+            return text.encode(self.encoding)
+        except UnicodeEncodeError as err:
+            line = text.count("\n", 0, err.start) + 1
+            raise SourceError(
+                self.path, line, f"not written: {text[err.start]!r} has no {self.encoding} form"
+            ) from None
+        except UnicodeError as err:  # idna's encoder refuses long lines
+            raise SourceError(self.path, 0, f"not written: {self.encoding}: {err}") from None
+
+
+# PEP 263: where Python looks for the coding comment, on line 1 or 2.
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)
+_NOT_ASCII = re.compile(rb"[\x80-\xff]")
+_UTF8 = ("utf-8", "utf-8-sig")
 
 
 def decode(path: str, data: bytes) -> Source:
-    """Decode ``data`` the way Python would import it; raise a one-line error otherwise."""
+    """Decode ``data`` the way Python would import it; raise a one-line error otherwise.
+
+    An encoding problem is reported at the coding comment's line, as Python refuses such a file
+    (``SyntaxError: encoding problem: rot13``) and the comment is what to fix."""
     if b"\0" in data:
         raise SourceError(path, 1, "binary file (contains NUL bytes), not Python source")
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        encoding = _detect_encoding(data)
     except SyntaxError as err:
-        raise SourceError(path, getattr(err, "lineno", None) or 1, str(err.msg)) from None
+        raise SourceError(path, _cookie_line(data), _detect_problem(str(err.msg))) from None
+    if encoding not in _UTF8 and (problem := _codec_problem(encoding)) is not None:
+        raise SourceError(path, _cookie_line(data), f"encoding problem: {encoding} {problem}")
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        byte = data[err.start : err.start + 1].hex()
+        start = err.start + (len(codecs.BOM_UTF8) if encoding == "utf-8-sig" else 0)
+        line = data.count(b"\n", 0, start) + 1
+        byte = data[start : start + 1].hex()
         raise SourceError(path, line, f"not valid {encoding} (byte 0x{byte})") from None
-    return Source(path, text, encoding)
+    if encoding in _UTF8:
+        return Source(path, text, encoding)
+    return Source(path, text, encoding, lossless=_encoded(text, encoding) == data)
+
+
+def _detect_encoding(data: bytes) -> str:
+    """``tokenize.detect_encoding``'s answer, also where Python reads a coding comment that
+    tokenize refuses: one on a line holding bytes that are not UTF-8 (``# coding: latin-1``
+    then an author's name in Latin-1). Without a comment that is UTF-8, whose decoding then
+    names the byte that is not."""
+    try:
+        return tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+    except SyntaxError as err:
+        if not str(err.msg).startswith("invalid or missing encoding declaration"):
+            raise
+    bom = codecs.BOM_UTF8 if data.startswith(codecs.BOM_UTF8) else b""
+    head = b"\n".join(data[len(bom) :].split(b"\n", 2)[:2])
+    return tokenize.detect_encoding(io.BytesIO(bom + _NOT_ASCII.sub(b"?", head)).readline)[0]
+
+
+def _codec_problem(encoding: str) -> str | None:
+    """Why Python cannot read source in ``encoding`` (found by ``codecs.lookup``), if it cannot:
+    a codec that is not between bytes and text (rot13, hex, zlib), or one that does not read the
+    ASCII of the coding comment as ASCII (UTF-16, EBCDIC, punycode, 'undefined')."""
+    comment = b"# -*- coding: " + encoding.encode("ascii", "replace") + b" -*-\n"
+    try:
+        same = comment.decode(encoding) == comment.decode("ascii")
+    except LookupError:
+        return "is not a text encoding (fix the coding comment)"
+    except UnicodeError:
+        same = False
+    if same:
+        return None
+    return "cannot be a source encoding: it does not keep ASCII as it is (PEP 263)"
+
+
+def _encoded(text: str, encoding: str) -> bytes | None:
+    """``text`` in ``encoding``, or None where the codec refuses it."""
+    try:
+        return text.encode(encoding)
+    except UnicodeError:  # also idna's encoder, on a line over 63 characters
+        return None
+
+
+def _detect_problem(message: str) -> str:
+    """tokenize's reason, in the words of Python's own refusal and with what to do."""
+    if message.startswith("unknown encoding"):
+        name = message.rpartition(": ")[2]
+        return f"encoding problem: unknown encoding {name!r} (fix the coding comment)"
+    if message.startswith("encoding problem"):  # tokenize: a coding comment beside a UTF-8 BOM
+        return (
+            "encoding problem: the file starts with a UTF-8 byte order mark but its coding "
+            "comment names another encoding"
+        )
+    return message
+
+
+def _cookie_line(data: bytes) -> int:
+    """The line of the coding comment (1 or 2), or else the first of them that is not UTF-8."""
+    lines = data.split(b"\n", 2)[:2]
+    for number, line in enumerate(lines, start=1):
+        if _COOKIE.match(line):
+            return number
+    for number, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return number
+    return 1
 
 
 def read(path: str) -> Source:
@@ -217,8 +325,11 @@ def _special_kind(mode: int) -> str | None:
     return None
 
 
-def iter_paths(paths: Iterable[str], suffixes: tuple[str, ...] = (".py",)) -> Iterator[str]:
-    """Yield the files named in ``paths``, walking folders.
+def iter_paths(
+    paths: Iterable[str], suffixes: tuple[str, ...] = (".py",)
+) -> Iterator[str | SourceError]:
+    """Yield the files named in ``paths``, walking folders, and the error of each folder the
+    walk could not list (in its place in the order), so that a run reports it and goes on.
 
     Files named directly are always yielded (so a missing one is reported, not skipped); inside
     folders, hidden entries, well-known build/venv folders and git-ignored files are skipped.
@@ -227,20 +338,36 @@ def iter_paths(paths: Iterable[str], suffixes: tuple[str, ...] = (".py",)) -> It
         if path == STDIN or not Path(path).is_dir():
             yield path
             continue
-        found = sorted(_walk(Path(path), suffixes))
-        yield from (str(p) for p in _drop_git_ignored(Path(path), found))
+        files, unlisted = _walk(Path(path), suffixes)
+        for found in _drop_git_ignored(Path(path), sorted([*files, *unlisted])):
+            yield unlisted.get(found) or str(found)
 
 
-def _walk(root: Path, suffixes: tuple[str, ...]) -> Iterator[Path]:
-    for folder, dirs, files in os.walk(root):
+def _walk(root: Path, suffixes: tuple[str, ...]) -> tuple[list[Path], dict[Path, SourceError]]:
+    """The files under ``root``, and the folders that could not be listed with their errors:
+    ``os.walk`` drops those silently, and their files with them."""
+    files: list[Path] = []
+    unlisted: dict[Path, SourceError] = {}
+
+    def unlistable(err: OSError) -> None:
+        folder = Path(err.filename or root)
+        why = err.strerror or str(err)
+        message = f"cannot list this folder ({why}): its files were skipped"
+        unlisted[folder] = SourceError(str(folder), 0, message)
+
+    for folder, dirs, names in os.walk(root, onerror=unlistable):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS]
-        for name in files:
-            if name.endswith(suffixes) and not name.startswith("."):
-                yield Path(folder) / name
+        files.extend(
+            Path(folder) / name
+            for name in names
+            if name.endswith(suffixes) and not name.startswith(".")
+        )
+    return files, unlisted
 
 
 def _drop_git_ignored(root: Path, files: list[Path]) -> list[Path]:
-    """Ask git which of ``files`` it ignores; outside a checkout (or without git) keep them all."""
+    """Ask git which of ``files`` (or folders) it ignores; outside a checkout (or without git)
+    keep them all."""
     if not files:
         return files
     try:
