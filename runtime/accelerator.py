@@ -19,10 +19,11 @@ from torch.distributed.algorithms import Join
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint, config, data, handlers, ops, precision, state, strategies
+from . import checkpoint, config, data, handlers, ops, precision, replicas, state, strategies
 from .deepspeed_placeholders import DummyOptim, DummyScheduler
 from .optim import PreparedOptimizer, PreparedScheduler
 from .state import DistributedType, ProcessState, StepState
+from .uneven import WATCH, caller_line
 
 _DDP_KINDS = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)  # what strategies.DDP runs
 
@@ -45,8 +46,13 @@ class Accelerator:
         gradient_accumulation_plugin: config.GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Sequence[Any] | None = None,
+        sync_check: str | None = None,
     ) -> None:
+        """HF Accelerate's arguments, plus ``sync_check`` (``off``, ``first`` or ``every:N``;
+        default ``ACCELIFY_SYNC_CHECK``, else ``first``): when data-parallel processes compare
+        their weights (``replicas.py``)."""
         options = handlers.collect(kwargs_handlers)
+        self._sync_check = replicas.schedule(sync_check)
         self.state: ProcessState = state.process_state(config.use_cpu(cpu), options["init"])
         self.mixed_precision = config.mixed_precision(mixed_precision)
         self.dataloader_config = _loader_config(dataloader_config, split_batches, even_batches)
@@ -70,6 +76,8 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[data.PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        self._optimizer_steps = 0  # real steps of all prepared optimizers, for the sync check
+        self._check_due = ""  # when the replica check is due at the next backward: its "when"
 
     # -- process facts -------------------------------------------------------------------------
 
@@ -197,7 +205,7 @@ class Accelerator:
         if isinstance(obj, torch.optim.Optimizer):
             if obj.state and placement:  # state loaded before prepare: follow the parameters
                 obj.load_state_dict(obj.state_dict())
-            prepared = PreparedOptimizer(obj, self._shared, self.precision)
+            prepared = PreparedOptimizer(obj, self._shared, self.precision, self._after_step)
             self._optimizers.append(prepared)
             return prepared
         if isinstance(obj, DataLoader):
@@ -213,6 +221,8 @@ class Accelerator:
             model.to(self.device)
         self.precision.wrap_forward(model)
         wrapped = self.strategy.wrap_model(model)
+        if self.num_processes > 1:
+            WATCH.watch_forwards(wrapped)
         self._models.append(wrapped)
         return wrapped
 
@@ -263,7 +273,27 @@ class Accelerator:
 
         Under DeepSpeed the engine does both, and steps its optimizer when gradients sync.
         """
+        WATCH.passes += 1
+        if self._check_due:
+            when, self._check_due = self._check_due, ""
+            self._check_replicas(when)
         self.strategy.backward(loss, self._training(), **kwargs)
+
+    def _after_step(self) -> None:
+        """Schedule the replica check for the next backward, not now: a step whose gradients DDP
+        never finished averaging (a parameter without gradient) makes DDP raise in the next
+        forward, and a collective of ours in between would wait for a process stuck in it."""
+        self._optimizer_steps += 1
+        if self._sync_check.due(self._optimizer_steps):
+            self._check_due = f"after optimizer step {self._optimizer_steps}"
+
+    def _check_replicas(self, when: str) -> None:
+        """Raise when the data-parallel processes hold different weights (see replicas.py)."""
+        replicated = self.num_processes > 1 and self.distributed_type in _DDP_KINDS
+        if self._sync_check.off or not replicated:
+            return
+        found = replicas.groups(self._models, self._optimizers)
+        replicas.compare(found, self.device, when)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -318,6 +348,7 @@ class Accelerator:
         prepared map-style loaders' setting inside the block.
         """
         if self.state.use_distributed and self.distributed_type in _DDP_KINDS:
+            WATCH.stop()  # Join lets processes run different numbers of passes on purpose
             with data.even_batches_overridden(self._dataloaders, even_batches):
                 enable = not _default(even_batches, self.even_batches)
                 with Join(list(joinables), enable=enable, throw_on_early_termination=False):
@@ -512,6 +543,7 @@ class Accelerator:
             raise ValueError("save_state needs output_dir unless automatic_checkpoint_naming")
         else:
             target = Path(output_dir)
+        self._check_replicas("at save_state")
         meta = {"next_iteration": project.iteration + 1, "step": self.step}
         meta["num_processes"] = self.num_processes
         checkpoint.save_state(target, self._parts(), meta, safe_serialization)
@@ -538,9 +570,12 @@ class Accelerator:
         return data.skip_first_batches(dataloader, num_batches)
 
     def end_training(self) -> None:
-        """Tear down the process group; a new ``Accelerator`` may be created afterwards."""
-        self.wait_for_everyone()
-        state.reset()
+        """Tear down the process group once every process got here; a new ``Accelerator`` may
+        be created afterwards."""
+        state.reset(
+            where=f"end_training() at {caller_line()}",
+            last_check=lambda: self._check_replicas("at end_training"),
+        )
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Drop references to everything prepared and release cached device memory."""

@@ -56,8 +56,11 @@ def _atomic(path: Path) -> Iterator[str]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        # torch.save says "file write failed" without the file; a full disk must name it.
+        if isinstance(err, OSError) or (isinstance(err, RuntimeError) and "write" in str(err)):
+            raise OSError(f"{path}: not saved: {err}") from err
         raise
 
 
@@ -256,12 +259,28 @@ def save_state(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     strategy.barrier()
+    try:
+        _write_parts(partial, parts, meta, safe_serialization)
+    except BaseException:
+        if state.is_main_process:  # the previous checkpoint stays; the half-written one goes
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+    strategy.barrier()
+    if state.is_main_process:
+        _swap_in(partial, final)
+    strategy.barrier()
+    return final
+
+
+def _write_parts(partial: Path, parts: Parts, meta: dict[str, Any], safe: bool) -> None:
+    """Every file of the checkpoint, into the hidden folder (this process's share of them)."""
+    state, strategy = parts.strategy.state, parts.strategy
     common = not strategy.save_checkpoint(partial, parts.models, parts.optimizers)
     weights = [strategy.model_state_dict(model) for model in parts.models] if common else []
     if state.is_main_process:
         for i, state_dict in enumerate(weights):
-            name = model_files(i)[0 if safe_serialization else 1]
-            save(state_dict, partial / name, safe_serialization)
+            name = model_files(i)[0 if safe else 1]
+            save(state_dict, partial / name, safe)
         for kind, objects in (
             ("optimizer", parts.optimizers if common else []),
             ("scheduler", parts.schedulers),
@@ -276,11 +295,6 @@ def save_state(
             save(obj.state_dict(), partial / f"custom_checkpoint_{i}.pkl")
         (partial / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     save(rng.capture(), partial / f"random_states_{state.process_index}.pkl")
-    strategy.barrier()
-    if state.is_main_process:
-        _swap_in(partial, final)
-    strategy.barrier()
-    return final
 
 
 def _swap_in(partial: Path, final: Path) -> None:

@@ -21,11 +21,18 @@ from .state import StepState
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps an optimizer; an ``Optimizer`` itself so schedulers can be built on it."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, shared: StepState, precision: Precision):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        shared: StepState,
+        precision: Precision,
+        on_step: Callable[[], None] | None = None,
+    ):
         # Optimizer.__init__ is deliberately not called: all state lives in the wrapped optimizer.
         self.optimizer = optimizer
         self.step_was_skipped = False
         self._shared, self._precision = shared, precision
+        self._on_step = on_step  # after each real step (the Accelerator's replica check)
 
     @property
     def state(self) -> Any:  # type: ignore[override]
@@ -67,6 +74,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable | None = None) -> None:  # type: ignore[override]
         if self._shared.sync_gradients:
             self.step_was_skipped = not self._precision.step(self.optimizer, closure)
+            if self._on_step is not None:
+                self._on_step()
 
     def train(self) -> None:
         """For optimizers with train/eval modes (schedule-free ones)."""

@@ -17,13 +17,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import Enum
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import ops
+from . import ops, uneven
+from .launch.bootstrap import TIMEOUT_ENV
 
 
 class DistributedType(str, Enum):
@@ -246,14 +248,25 @@ def process_state(cpu: bool, init_kwargs: Mapping[str, Any] | None = None) -> Pr
     return known
 
 
-def reset(timeout: float | None = None) -> None:
+def reset(
+    timeout: float | None = None,
+    *,
+    where: str = "its script returned",
+    last_check: Callable[[], None] | None = None,
+) -> None:
     """Forget the state and tear down the process group it started (``end_training``).
 
     With ``timeout``, give up waiting for the other ranks after that many seconds and leave the
-    group to process exit."""
+    group to process exit. ``where`` says how this process ended, for the uneven-steps report;
+    ``last_check`` is a collective run once every process has ended, before the teardown."""
     known = _resolved.pop("state", None)
-    distributed = known is not None and known.use_distributed and dist.is_initialized()
-    if distributed and _all_out_of_collectives(known.num_processes, timeout):  # type: ignore[union-attr]
+    if known is None or not known.use_distributed or not dist.is_initialized():
+        return
+    if known.num_processes > 1:
+        uneven.WATCH.ended(known.process_index, where)
+    if last_check is not None and _all_out_of_collectives(known.num_processes, timeout):
+        last_check()
+    if _all_out_of_collectives(known.num_processes, timeout):
         dist.destroy_process_group()
 
 
@@ -316,12 +329,16 @@ def _resolve(cpu: bool, init_kwargs: Mapping[str, Any]) -> ProcessState:
         device = torch.device("cpu")
     if not dist.is_initialized():
         options = dict(init_kwargs)
+        if TIMEOUT_ENV in os.environ and "timeout" not in options:
+            options["timeout"] = timedelta(seconds=float(os.environ[TIMEOUT_ENV]))
         dist.init_process_group(options.pop("backend", "nccl" if use_cuda else "gloo"), **options)
     if dist.get_world_size() != world_size:
         raise RuntimeError(
             f"WORLD_SIZE={world_size} but the process group has {dist.get_world_size()} processes"
         )
     kind = sharded or (DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU)
+    if world_size > 1:
+        uneven.WATCH.start(rank)
     return ProcessState(world_size, rank, local_rank, device, kind, cpu)
 
 

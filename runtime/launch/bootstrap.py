@@ -13,25 +13,39 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import faulthandler
 import gc
 import io
 import json
 import os
 import runpy
+import signal
 import sys
+import sysconfig
 import time
 import traceback
 from types import TracebackType
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+STACK_FILE = "stack.txt"
+LAUNCHER_PID = "ACCELIFY_LAUNCHER_PID"  # the process that starts the workers; they die with it
+TIMEOUT_ENV = "ACCELIFY_TIMEOUT"  # accel-run --timeout: the runtime's process-group timeout
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Launcher frames above the user's code, dropped from tracebacks (notebook.py wraps functions).
-_OWN_FRAMES = frozenset(
+OWN_FRAMES = frozenset(
     {__file__, os.path.join(os.path.dirname(__file__), "notebook.py"), runpy.__file__}
     | {"<frozen runpy>"}
+)
+_LIBRARIES = tuple(
+    {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # accelify.runtime
+    | {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
 
 
 def main(argv: list[str]) -> None:
+    die_with_the_launcher()
+    _dump_stack_when_stopped()
     atexit.register(_leave_after_exit_handlers)  # registered first, so it runs last
     try:
         if argv[0] == "-m":
@@ -48,14 +62,57 @@ def main(argv: list[str]) -> None:
     except SystemExit as err:
         if err.code not in (0, None):
             record_error(err)  # the time tells a rank that gave up from the ranks it took down
+            _failed(err)
         _status.append(err.code if isinstance(err.code, int) else int(err.code is not None))
         raise
     except BaseException as err:
         if not record_error(err):
             raise
+        _failed(err)
         _status.append(1)
         sys.exit(1)
     _status.append(0)
+
+
+def _failed(err: BaseException) -> None:
+    """Say the script failed where the interpreter says it of an uncaught exception, so exit
+    handlers (the runtime's wait for the other ranks) know not to wait for processes the
+    launcher is about to stop."""
+    sys.last_type, sys.last_value, sys.last_traceback = type(err), err, err.__traceback__
+
+
+def die_with_the_launcher() -> None:
+    """Be killed when the launcher dies, even by SIGKILL (the agent then never stops us).
+
+    Without this a killed ``accel-run`` leaves its workers running, holding their GPUs. Linux's
+    ``PR_SET_PDEATHSIG`` fires when the thread that started us ends; the agent starts workers
+    from its main thread. A launcher already gone before the call is caught by the parent check.
+    """
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(launcher):
+        os._exit(128 + signal.SIGKILL)
+
+
+def _dump_stack_when_stopped() -> None:
+    """When the agent stops this worker (another rank failed, or a timeout), write where it was
+    to ``stack.txt`` beside the error file, for the launcher's report; then die of the signal."""
+    path = os.environ.get(ERROR_FILE)
+    if path:
+        stack = open(os.path.join(os.path.dirname(path), STACK_FILE), "w")  # noqa: SIM115
+        _kept_open.append(stack)  # faulthandler writes to its descriptor until the process ends
+        faulthandler.register(signal.SIGTERM, file=stack, chain=True)
+
+
+_kept_open: list[io.TextIOBase] = []
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether a frame's file is torch's, the standard library's or accelify's, not the user's."""
+    return filename.startswith(_LIBRARIES) or filename in OWN_FRAMES
 
 
 # The exit status the script ended with; empty when it raised past main() unrecorded.
@@ -84,13 +141,19 @@ def _leave_after_exit_handlers() -> None:
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     """Drop this file's and runpy's frames from the top: the user never wrote them."""
-    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FRAMES and tb.tb_next:
+    while tb is not None and tb.tb_frame.f_code.co_filename in OWN_FRAMES and tb.tb_next:
         tb = tb.tb_next
     return tb
 
 
 def record_error(err: BaseException) -> bool:
-    """Write ``err`` where the agent looks for it; False when there is no such place.
+    """Write ``err`` where the agent looks for it; False when there is no such place."""
+    err.__traceback__ = _user_frames(err.__traceback__)
+    return write_error(f"{type(err).__name__}: {err}", "".join(traceback.format_exception(err)))
+
+
+def write_error(message: str, callstack: str) -> bool:
+    """Write a failure where the agent looks for it; False when there is no such place.
 
     Written like ``torch.distributed.elastic``'s ``@record`` (so the agent reads it) plus the
     time to the microsecond, which is what orders the failures of ranks in the report.
@@ -98,13 +161,12 @@ def record_error(err: BaseException) -> bool:
     path = os.environ.get(ERROR_FILE)
     if not path:
         return False
-    err.__traceback__ = _user_frames(err.__traceback__)
     now = time.time()
     data = {
         "message": {
-            "message": f"{type(err).__name__}: {err}",
+            "message": message,
             "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(err)),
+                "py_callstack": callstack,
                 "timestamp": str(int(now)),
                 # Seconds are too coarse to tell the root cause from the ranks it took down.
                 "accelify_time": now,

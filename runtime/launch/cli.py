@@ -78,6 +78,9 @@ _VALUE_FLAGS = (
     ("rdzv_conf", "K=V,...", "rendezvous options, like join_timeout=600", ""),
     ("max_restarts", "N", "restart all workers up to N times after a failure (default: 0)", ""),
     ("monitor_interval", "SECONDS", "how often the agent checks the workers (default: 0.1)", ""),
+    ("timeout", "SECONDS",
+     "end the job when a collective of accelify.runtime waits this long, with each rank's stack "
+     "(default: torch's, 30 minutes; InitProcessGroupKwargs(timeout=...) in the script wins)", ""),
     ("tee", "SPEC", "also write stdout (1), stderr (2) or both (3) to --log-dir; or rank:n,...",
      ""),
     ("log_dir", "DIR", "keep each rank's error file (and --tee output) in a folder under DIR", ""),
@@ -289,6 +292,25 @@ def _warn_if_trains_alone(args: argparse.Namespace, settings: cfg.Settings) -> N
     )
 
 
+def _warn_if_hf_runs_alone(args: argparse.Namespace, settings: cfg.Settings) -> None:
+    """HF Accelerate, started on N processes on a host without GPUs and without ``--cpu``, sets
+    up no process group: each process sees ``num_processes == 1`` and trains alone (exit 0).
+    ``accelerate launch`` starts one process there; accelify.runtime uses gloo."""
+    from accelify.runtime.launch.script_check import uses_hf_state
+
+    if (settings.num_processes or 1) < 2 or settings.resolved_distributed_type != "MULTI_GPU":
+        return
+    if args.module or args.no_python or not uses_hf_state(Path(args.script)):
+        return
+    if cfg.gpu_count() == 0:
+        _warn(
+            f"warning: no GPU here and no --cpu: HF Accelerate in {args.script} will see "
+            f"num_processes == 1 in each of the {settings.num_processes} processes, each training "
+            "alone; pass --cpu to train on CPU processes over gloo",
+            args.quiet,
+        )
+
+
 def _launch(argv: list[str]) -> int:
     return _run(launch_parser().parse_args(argv))
 
@@ -306,6 +328,7 @@ def _run(args: argparse.Namespace) -> int:
     for note in notes:
         _warn(f"note: {note}", args.quiet)
     _warn_if_trains_alone(args, settings)
+    _warn_if_hf_runs_alone(args, settings)
     report = run_elastic(settings, entrypoint, command, "spawn", PROG)
     if report is None:
         return 0

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from accelify.runtime.launch.bootstrap import TIMEOUT_ENV
+
 DEFAULT_PORT = 29500
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 # The distributed types accel-run can launch (backends.py registers the sharded ones' sections).
@@ -180,6 +182,7 @@ class Settings:
     nproc_per_node: int | None = None  # torchrun's count, per machine: sets num_processes
     max_restarts: int = 0
     monitor_interval: float = 0.1
+    timeout: float | None = None  # ACCELIFY_TIMEOUT: the runtime's process-group timeout, seconds
     # The elastic agent's own options, as torchrun (and accelerate launch) spell them.
     tee: str = "0"
     log_dir: str | None = None  # None: a temporary folder, removed after the run
@@ -229,6 +232,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "nproc_per_node": positive_int,
     "max_restarts": non_negative_int,
     "monitor_interval": positive_float,
+    "timeout": positive_float,
     "tee": tee,
     "log_dir": text,
     "role": text,
@@ -237,7 +241,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
 FLAG_ONLY_KEYS = frozenset(
     {
         "gradient_accumulation_steps", "num_cpu_threads_per_process", "nproc_per_node",
-        "max_restarts", "monitor_interval", "tee", "log_dir", "role", "rdzv_conf",
+        "max_restarts", "monitor_interval", "timeout", "tee", "log_dir", "role", "rdzv_conf",
     }
 )  # fmt: skip
 # dynamo_backend is also a top-level key: accelerate's older configs wrote it there.
@@ -432,6 +436,8 @@ def child_env(settings: Settings, environ: Mapping[str, str] | None = None) -> d
         env["ACCELERATE_CPU_AFFINITY"] = "1"
     if settings.gradient_accumulation_steps is not None:
         env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(settings.gradient_accumulation_steps)
+    if settings.timeout is not None:
+        env[TIMEOUT_ENV] = str(settings.timeout)
     if settings.gpu_ids not in (None, "all") and "CUDA_VISIBLE_DEVICES" not in env:
         env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
     for section in settings.sections.values():

@@ -16,10 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accelify.runtime.launch.bootstrap import STACK_FILE, is_library_file
+
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # how the agent (or Ctrl-C) stops the workers
+_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in ', re.MULTILINE)
+# gloo's and NCCL's words for a collective that waited past the process group's timeout.
+_TIMEOUT = re.compile(r"Timed out|timed out|Watchdog caught collective operation timeout")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class Failure:
     exitcode: int | None = None
     pid: int | None = None
     error: Mapping[str, Any] = field(default_factory=dict)  # the error file's "message" object
+    stack: str = ""  # where it was when the agent stopped it (faulthandler's dump), if it was
 
 
 @dataclass(frozen=True)
@@ -42,23 +48,26 @@ class FailureReport:
 
 def collect(err: ChildFailedError, log_dir: str) -> list[Failure]:
     """The agent's failures plus the error files of ranks it did not report (same machine)."""
+    offset = next(rank - f.local_rank for rank, f in err.failures.items())
+    stacks = {offset + r: text for r, text in _rank_files(Path(log_dir), STACK_FILE).items()}
     found = {
-        rank: Failure(rank, f.exitcode, f.pid, _message(f.error_file_data))
+        rank: Failure(rank, f.exitcode, f.pid, _message(f.error_file_data), stacks.get(rank, ""))
         for rank, f in err.failures.items()
     }
-    offset = next(rank - f.local_rank for rank, f in err.failures.items())
-    for local_rank, data in _error_files(Path(log_dir)).items():
-        found.setdefault(offset + local_rank, Failure(offset + local_rank, error=_message(data)))
+    for local_rank, text in _rank_files(Path(log_dir), "error.json").items():
+        rank = offset + local_rank
+        data = _message(json.loads(text))
+        found.setdefault(rank, Failure(rank, error=data, stack=stacks.get(rank, "")))
     return list(found.values())
 
 
-def _error_files(log_dir: Path) -> dict[int, Any]:
-    """Last attempt's ``<log_dir>/<run>/attempt_<n>/<local_rank>/error.json``, by local rank."""
+def _rank_files(log_dir: Path, name: str) -> dict[int, str]:
+    """Last attempt's ``<log_dir>/<run>/attempt_<n>/<local_rank>/<name>``, by local rank."""
     attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
     if not attempts:
         return {}
-    files = (p for p in attempts[-1].glob("*/error.json") if re.fullmatch(r"\d+", p.parent.name))
-    return {int(p.parent.name): json.loads(p.read_text(encoding="utf-8")) for p in files}
+    files = (p for p in attempts[-1].glob(f"*/{name}") if re.fullmatch(r"\d+", p.parent.name))
+    return {int(p.parent.name): p.read_text(encoding="utf-8") for p in files}
 
 
 def _message(error_file_data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -71,10 +80,14 @@ def describe(failures: list[Failure], prog: str) -> FailureReport:
     first, *others = sorted(failures, key=_root_cause_key)
     lines = [f"{prog}: rank {first.rank} failed first ({_how(first)}):"]
     lines.append(str(_extra(first).get("py_callstack", "")).rstrip() or f"  {_summary(first)}")
-    lines += [
-        f"{prog}: rank {f.rank} also failed ({_how(f)}): {_summary(f)}"
-        for f in sorted(others, key=lambda f: f.rank)
-    ]
+    # After a timeout the question is where each rank waited: show every stopped rank's stack.
+    timed_out = bool(_TIMEOUT.search(str(first.error.get("message", ""))))
+    for failure in sorted(others, key=lambda f: f.rank):
+        lines.append(
+            f"{prog}: rank {failure.rank} also failed ({_how(failure)}): {_summary(failure)}"
+        )
+        if timed_out and failure.stack.strip():
+            lines.append(failure.stack.rstrip())
     return FailureReport("\n".join(lines), _exit_code(first))
 
 
@@ -112,11 +125,21 @@ def _summary(failure: Failure) -> str:
     if exitcode >= 0:
         return "no traceback: the process exited without raising (os._exit?)"
     if -exitcode in _STOP_SIGNALS:
-        return "no traceback: stopped (by the launcher once a rank failed, or from outside)"
+        where = _user_line(failure.stack)
+        at = f", while at {where}" if where else ""
+        return f"no traceback: stopped (by the launcher once a rank failed, or from outside){at}"
     if -exitcode == signal.SIGKILL:
         return "no traceback: killed from outside (out of memory?)"
     # SIGABRT, SIGSEGV, ...: a C++ abort ("terminate called ...") or a crash, printed just before.
     return "no traceback: crashed in native code (its last output, above, says how)"
+
+
+def _user_line(stack: str) -> str:
+    """``file:line`` of the innermost user frame in a faulthandler dump (most recent first)."""
+    for match in _FRAME.finditer(stack):
+        if not is_library_file(match["file"]):
+            return f"{Path(match['file']).name}:{match['line']}"
+    return ""
 
 
 def _how(failure: Failure) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from accelify.runtime.launch import config as cfg
-from accelify.runtime.launch.bootstrap import record_error
+from accelify.runtime.launch.bootstrap import die_with_the_launcher, record_error
 from accelify.runtime.launch.run import patched_environ, run_elastic
 
 _RESTART = "then restart the kernel and call notebook_launcher again"
@@ -109,6 +109,7 @@ def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def worker(*args: Any) -> Any:
+        die_with_the_launcher()
         try:
             return function(*args)
         except Exception as err:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accelify.runtime.launch.bootstrap import LAUNCHER_PID
 from accelify.runtime.launch.config import DEFAULT_PORT, ConfigError, Settings, child_env
 from accelify.runtime.launch.failures import FailureReport, collect, describe
 
@@ -145,7 +146,7 @@ def run_elastic(
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    env = child_env(settings)
+    env = child_env(settings) | {LAUNCHER_PID: str(os.getpid())}
     if settings.max_restarts:
         # Workers of a restarted attempt would reuse the agent's store and read the dead
         # attempt's addresses (torch 2.13 hangs or fails in init_process_group); with this, each

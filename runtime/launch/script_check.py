@@ -10,6 +10,7 @@ about a script that is in fact distributed would teach users to ignore it.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 # Module names (any part of a dotted import) that bring their own process coordination.
@@ -27,6 +28,8 @@ _NAMES = frozenset(
         "fully_shard", "DistributedSampler", "Trainer", "Fabric",
     }
 )  # fmt: skip
+# Libraries whose workers learn the process count from HF Accelerate's state.
+_HF_STATE = frozenset({"accelerate", "transformers", "trl", "peft", "setfit", "diffusers"})
 # Environment variables a script reads to split the work itself.
 _VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
 
@@ -34,6 +37,25 @@ _VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
 def is_distributed(script: Path) -> bool:
     """True when ``script`` (or a module beside it that it imports) shows any sign of
     coordinating processes; also True when it cannot be read or parsed (no warning then)."""
+    for tree, imports in _modules(script):
+        if tree is None:
+            return True
+        if any(set(name.split(".")) & (_MODULES | _NAMES) for name in imports) or _uses_names(tree):
+            return True
+    return False
+
+
+def uses_hf_state(script: Path) -> bool:
+    """Whether ``script`` (or a module beside it) imports a library whose processes take their
+    count from HF Accelerate's state (accelerate, or transformers' Trainer, trl, ...)."""
+    return any(
+        name.split(".")[0] in _HF_STATE for _, imports in _modules(script) for name in imports
+    )
+
+
+def _modules(script: Path) -> Iterator[tuple[ast.Module | None, list[str]]]:
+    """The parsed script and the modules beside it that it imports, each with what it imports;
+    ``(None, [])`` for one that cannot be read or parsed."""
     seen: set[Path] = set()
     pending = [script.resolve()]
     while pending:
@@ -44,12 +66,11 @@ def is_distributed(script: Path) -> bool:
         try:
             tree = ast.parse(path.read_bytes(), str(path))
         except (OSError, SyntaxError, ValueError):
-            return True
+            yield None, []
+            continue
         imports = _imported(tree)
-        if any(set(name.split(".")) & (_MODULES | _NAMES) for name in imports) or _uses_names(tree):
-            return True
+        yield tree, imports
         pending += _beside(script.resolve().parent, imports)
-    return False
 
 
 def _imported(tree: ast.Module) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
@@ -176,6 +177,29 @@ def test_a_plain_script_on_two_processes_is_warned_about_before_it_starts(
     assert done.stderr.startswith(f"accel-run: warning: {script} uses no Accelerator")
     quiet = accel_run("--cpu", "--num_processes", "2", "-q", str(script))
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None, reason="needs HF Accelerate, the reference"
+)
+def test_hf_accelerate_that_would_run_alone_on_each_process_is_warned_about(
+    accel_run, tmp_path: Path
+) -> None:
+    """Without GPUs and without --cpu, HF's Accelerator forms no group: each process sees 1."""
+    pytest.importorskip("torch").cuda.is_available() and pytest.skip("a GPU host forms a group")
+    script = tmp_path / "hf.py"
+    script.write_text(
+        "from accelerate import Accelerator\n"
+        "print('processes', Accelerator().num_processes, flush=True)\n"
+    )
+    alone = accel_run("--num_processes", "2", str(script))
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.split() == ["processes", "1"] * 2  # what the warning says happens
+    assert alone.stderr.startswith("accel-run: warning: no GPU here and no --cpu: HF Accelerate")
+    together = accel_run("--cpu", "--num_processes", "2", str(script))
+    assert together.returncode == 0, together.stderr
+    assert together.stdout.split() == ["processes", "2"] * 2
+    assert "warning" not in together.stderr
 
 
 def test_accel_run_test_trains_briefly_on_the_resolved_config(accel_run, tmp_path: Path) -> None:

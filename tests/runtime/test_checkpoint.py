@@ -175,11 +175,26 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
         accelerator.save_state(tmp_path / "checkpoints" / "checkpoint_0")
     monkeypatch.undo()
 
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if not p.name.startswith(".")] == [
-        "checkpoint_0"
-    ]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["checkpoint_0"]
     accelerator.load_state()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), saved, strict=True))
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_half_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    accelerator, *_ = _training(tmp_path)
+
+    def full(obj: object, f: object) -> None:  # what torch.save says when the disk fills up
+        raise RuntimeError("[enforce fail at inline_container.cc:859] . PytorchStreamWriter "
+                           "failed writing file data/0: file write failed")  # fmt: skip
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(
+        OSError, match=r"/\.checkpoint_0\.partial/optimizer\.bin: not saved: .*write failed"
+    ):
+        accelerator.save_state(safe_serialization=True)
+    assert list((tmp_path / "checkpoints").iterdir()) == []
 
 
 def test_restore_errors_are_raised(tmp_path: Path) -> None:
