@@ -3,7 +3,8 @@
 Run in a fresh process per measurement (HF Accelerate keeps process-wide state), by itself or under
 a launcher. Rank 0 writes ``{"us_per_step": [...], "first_step_at": ...}`` to ``--result``: the mean
 step time of each block of steps after warm-up, and the wall clock when the first step finished
-(the launch-to-first-step latency is that minus the launch time the parent recorded).
+(the launch-to-first-step latency is that minus the launch time the parent recorded). The GPT
+models add their tokens per step, training FLOPs per token and parameter count, for MFU.
 """
 
 from __future__ import annotations
@@ -15,31 +16,78 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-BATCH = {"mlp": 32, "gpt": 16}
-SEQ, VOCAB = 128, 1024  # the GPT-style model's context and vocabulary
+
+@dataclass(frozen=True)
+class GPTShape:
+    """A decoder-only transformer's size, and the batch of ``batch`` x ``context`` tokens it is
+    timed with."""
+
+    layers: int
+    width: int
+    heads: int
+    vocab: int
+    context: int
+    batch: int
 
 
-class TinyGPT(nn.Module):
-    """A small decoder-only transformer: enough work per step for a GPU to be the bottleneck."""
+GPTS = {
+    # Little work per step: on a GPU the loop is launch-bound, so per-step overhead shows.
+    "gpt": GPTShape(layers=4, width=256, heads=4, vocab=1024, context=128, batch=16),
+    # GPT-2 small (124M): enough work per step to load an 80 GB GPU, so MFU means something.
+    "gpt2": GPTShape(layers=12, width=768, heads=12, vocab=50257, context=1024, batch=8),
+}
+BATCH = {"mlp": 32, **{name: shape.batch for name, shape in GPTS.items()}}
 
-    def __init__(self, width: int = 256, layers: int = 4) -> None:
+
+class GPT(nn.Module):
+    """GPT-2's layout on torch's own layers: pre-norm blocks with tanh GELU, a final norm, and the
+    output head tied to the token embedding (so GPT-2 small counts 124,439,808 parameters). No
+    dropout, as in nanoGPT's pre-training, so no framework pays for it."""
+
+    def __init__(self, shape: GPTShape) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, width)
-        self.pos = nn.Parameter(torch.zeros(SEQ, width))
-        layer = nn.TransformerEncoderLayer(width, 4, 4 * width, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(width, VOCAB)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQ))
+        self.shape = shape
+        width = shape.width
+        self.embed = nn.Embedding(shape.vocab, width)
+        # GPT-2's scale: nn.Embedding's N(0, 1) would start the tied head's logits at std ~28.
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.pos = nn.Parameter(torch.zeros(shape.context, width))
+        layer = nn.TransformerEncoderLayer(
+            width,
+            shape.heads,
+            4 * width,
+            dropout=0.0,
+            activation=nn.GELU(approximate="tanh"),
+            batch_first=True,
+            norm_first=True,
+        )
+        self.blocks = nn.TransformerEncoder(
+            layer, shape.layers, norm=nn.LayerNorm(width), enable_nested_tensor=False
+        )
+        self.head = nn.Linear(width, shape.vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(shape.context))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # is_causal with need_weights off hands attention to SDPA's causal kernels, mask unused.
         h = self.blocks(self.embed(tokens) + self.pos, mask=self.mask, is_causal=True)
         return self.head(h).flatten(0, 1)
+
+
+def flops_per_token(model: GPT) -> int:
+    """Training FLOPs per token by PaLM's estimate (appendix B), as nanoGPT's MFU applies it:
+    6N + 12 * layers * heads * head width * context, where N counts every parameter but the
+    position table (the token table does its matmul as the tied head, and is counted once)."""
+    shape = model.shape
+    weights = sum(p.numel() for p in model.parameters()) - model.pos.numel()
+    return 6 * weights + 12 * shape.layers * shape.width * shape.context
 
 
 def _model_and_data(kind: str, steps: int) -> tuple[nn.Module, TensorDataset]:
@@ -48,8 +96,9 @@ def _model_and_data(kind: str, steps: int) -> tuple[nn.Module, TensorDataset]:
     if kind == "mlp":
         model: nn.Module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         return model, TensorDataset(torch.randn(n, 32), torch.randint(0, 10, (n,)))
-    tokens = torch.randint(0, VOCAB, (n, SEQ + 1))
-    return TinyGPT(), TensorDataset(tokens[:, :-1], tokens[:, 1:].flatten(1))
+    shape = GPTS[kind]
+    tokens = torch.randint(0, shape.vocab, (n, shape.context + 1))
+    return GPT(shape), TensorDataset(tokens[:, :-1], tokens[:, 1:])
 
 
 def _batches(loader: DataLoader, sampler: object = None) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -173,6 +222,11 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5, help="timed steps are reported in blocks")
     args = parser.parse_args()
     model, data = _model_and_data(args.model, args.steps)
+    facts = {}
+    if isinstance(model, GPT):  # before a framework wraps it
+        facts = {"tokens_per_step": model.shape.batch * model.shape.context}
+        facts["flops_per_token"] = flops_per_token(model)
+        facts["parameters"] = sum(p.numel() for p in model.parameters())
     step, batches, quiet, finish = FRAMEWORKS[args.framework](args, model, data)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else lambda: None
     first_step_at = None
@@ -191,7 +245,7 @@ def main() -> None:
     us = [(b - a) / per_block * 1e6 for a, b in itertools.pairwise(marks)][: args.blocks]
     if not quiet:
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        result = {"us_per_step": us, "first_step_at": first_step_at, "world_size": world}
+        result = {"us_per_step": us, "first_step_at": first_step_at, "world_size": world, **facts}
         args.result.write_text(json.dumps(result))
     finish()
 

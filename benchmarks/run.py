@@ -40,6 +40,8 @@ class Profile:
     exit_runs: int = 20  # runs of the clean-exit job per runtime and launcher
     big_file: int = 200_000  # lines of the file whose peak memory is measured
     anchors: bool = True  # also run the other frameworks the runtime is compared with
+    gpu_repeats: int = 3  # fresh processes per loop on the GPU
+    gpt2_steps: tuple[int, int] = (50, 300)  # GPT-2 small on the GPU: warm-up, then timed steps
 
 
 PROFILES = {
@@ -56,6 +58,9 @@ PROFILES = {
         sizes=(1000, 4000),
         exit_runs=5,
         big_file=20_000,
+        # Sized for ~4 min of GPU section on an H100 (benchmarks/gpu_check.sh allows 5).
+        gpu_repeats=2,
+        gpt2_steps=(30, 100),
     ),
     # Only proves that every section runs; the numbers mean nothing (tests/test_benchmarks.py).
     "smoke": Profile(
@@ -69,6 +74,8 @@ PROFILES = {
         exit_runs=1,
         big_file=500,
         anchors=False,
+        gpu_repeats=1,
+        gpt2_steps=(1, 5),
     ),
 }
 
@@ -79,7 +86,8 @@ SECTIONS: dict[str, Callable[[Profile, Path], Section]] = {
     "imports": lambda p, _: runtime_bench.imports(p.import_repeats),
     "per_step": lambda p, _: runtime_bench.per_step(p.loop_repeats, p.steps, p.anchors),
     "distributed": lambda p, _: runtime_bench.distributed(p.loop_repeats, p.steps, p.anchors),
-    "gpu": lambda p, _: runtime_bench.gpu(p.loop_repeats, p.steps),
+    "sync_check": lambda p, _: runtime_bench.sync_check(p.loop_repeats, p.steps),
+    "gpu": lambda p, _: runtime_bench.gpu(p.gpu_repeats, p.steps, p.gpt2_steps, p.anchors),
     "exits": lambda p, _: exits.exits(p.exit_runs),
     "memory": lambda p, work: memory.memory(work, p.big_file),
 }

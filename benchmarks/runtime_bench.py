@@ -1,4 +1,5 @@
-"""Sections 4-7: runtime import cost, per-step overhead on 1 and 2 processes, and the GPU run.
+"""Sections 4-7: runtime import cost, per-step overhead on 1 and 2 processes, the replica check's
+cost, and the GPU run.
 
 Every loop runs in a fresh process (``loops.py``) with one intra-op thread, so frameworks cannot
 share warm state and two processes fit two cores; frameworks are interleaved within each repeat so
@@ -8,13 +9,15 @@ load from elsewhere on the machine falls on all of them alike.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from unittest import mock
 
-from loops import BATCH, SEQ
+from loops import GPTS
 from report import Section, Target, spread
 from static import installed
 from timing import Stat, run, tool
@@ -28,6 +31,9 @@ LABELS = {
     "fabric": "Lightning Fabric",
 }
 OPTIONAL = {"hf": ("accelerate", "accelerate"), "fabric": ("lightning_fabric", "lightning-fabric")}
+SYNC_CHECK = "ACCELIFY_SYNC_CHECK"  # the runtime's replica check: off, first (its default), every:N
+PEAK_FLOPS = "ACCELIFY_PEAK_FLOPS"  # the GPU's dense bf16 FLOP/s, where it is not known by name
+MODELS = {"gpt2": "GPT-2 small", "gpt": "small GPT"}  # the GPU section's, in its order
 CONFIGS = {"fp32": [], "grad accum 4": ["--accum=4"], "bf16 autocast": ["--precision=bf16"]}
 # What a training script imports first: the front object, which pulls in the runtime behind it.
 IMPORTS = {
@@ -179,34 +185,123 @@ def distributed(repeats: int, steps: int, anchors: bool = True) -> Section:
     return section
 
 
-def gpu(repeats: int, steps: int) -> Section:
-    """Section 7: CUDA, small GPT-style model, bf16, one GPU; tokens/s against raw DDP."""
+def sync_check(repeats: int, steps: int) -> Section:
+    """accelify's replica check on 2 gloo processes: step time with it off, at its default (the
+    variable unset) and every 100 steps, each against off in the same run."""
+    launch, launch_env = _launchers(2)["accel-run"]
+    settings = {"off": "off", "unset (the default)": None, "every:100": "every:100"}
+    samples: dict[str, list[dict]] = {label: [] for label in settings}
+    with mock.patch.dict(os.environ):  # restored afterwards
+        os.environ.pop(SYNC_CHECK, None)  # "default" must mean unset, whatever the shell says
+        for _ in range(repeats):
+            for label, value in settings.items():
+                env = {**launch_env, **({} if value is None else {SYNC_CHECK: value})}
+                result = _loop(launch, "accelify", [f"--steps={steps}"], env)
+                if result["world_size"] != 2:
+                    raise RuntimeError(f"accelify ran on {result['world_size']} process")
+                samples[label].append(result)
+    section = Section(
+        "sync_check",
+        "6b. accelify's replica check: 2 CPU processes (gloo), 2-layer MLP, batch 32 per process",
+        [SYNC_CHECK, "µs/step", "vs off"],
+        notes=[
+            f"{steps} timed steps after 50 of warm-up. The default checks once, after the first "
+            "optimizer step (inside the warm-up); every:100 checks every 100th step."
+        ],
+    )
+    off = _pooled(samples["off"]).median
+    for label, results in samples.items():
+        step = _pooled(results)
+        ratio = step.median / off
+        section.rows.append([label, spread(step), f"{ratio:.3f}x"])
+        section.data[label] = {"us_per_step": step.as_dict(), "ratio_to_off": ratio}
+    ratio = section.data["unset (the default)"]["ratio_to_off"]
+    section.targets.append(
+        Target("accelify replica check at its default, vs off", ratio, 1.01, False)
+    )
+    return section
+
+
+def peak_flops(device: str) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s, for MFU: ``ACCELIFY_PEAK_FLOPS`` when set, else the
+    datasheet figure for a GPU known by name, else None. H100 PCIe and NVL and H200 NVL peak lower
+    than the SXM parts and are left to the variable."""
+    if PEAK_FLOPS in os.environ:
+        text = os.environ[PEAK_FLOPS]
+        try:
+            value = float(text)
+        except ValueError:
+            value = 0.0
+        if not value > 0:  # also NaN
+            raise RuntimeError(f"{PEAK_FLOPS}={text!r}: not a positive number of FLOP/s")
+        return value
+    name = device.upper()
+    if "H100" in name and ("HBM3" in name or "SXM" in name):
+        return 989.4e12
+    if "H200" in name and "NVL" not in name:
+        return 989.4e12
+    if "A100" in name:
+        return 312e12
+    return None
+
+
+def gpu(repeats: int, steps: int, gpt2: tuple[int, int], anchors: bool = True) -> Section:
+    """Section 7: one GPU, bf16 autocast; tokens/s and MFU of the same loop in each framework,
+    against the plain loop (``python loops.py raw``: one process, no launcher, no DDP). ``steps``
+    for the small GPT, ``gpt2`` = (warm-up, timed) steps for GPT-2 small."""
     import torch
 
+    sizes = []
+    for name, label in MODELS.items():
+        s = GPTS[name]
+        sizes.append(f"{label} ({s.layers} layers x {s.width}, {s.batch}x{s.context} tokens)")
     section = Section(
         "gpu",
-        "7. One GPU, GPT-style model (4 layers, width 256, 16x128 tokens), bf16",
-        ["Loop", "Launcher", "tokens/s", "vs raw DDP"],
+        f"7. One GPU, bf16 autocast, SGD: {' and '.join(sizes)}",
+        ["Model", "Loop", "tokens/s", "vs raw", "MFU"],
     )
     if not torch.cuda.is_available():
         section.status = "skipped: no CUDA device"
         return section
-    args = [f"--steps={steps}", "--model=gpt", "--device=cuda", "--precision=bf16"]
-    frameworks, section.notes = _available(["accelify", "hf", "fabric"])
-    runs = {("raw", "torchrun"): [tool("torchrun"), "--standalone", "--nproc-per-node=1"]}
-    runs.update({(f, "python"): [sys.executable] for f in frameworks})
-    samples = {key: [] for key in runs}
+    device = torch.cuda.get_device_name()
+    peak = peak_flops(device)
+    frameworks, section.notes = _available(["raw", "accelify", "hf", "fabric"], anchors)
+    runs = {(model, LABELS[framework]): framework for model in MODELS for framework in frameworks}
+    common = ["--device=cuda", "--precision=bf16"]
+    args = {"gpt": [f"--steps={steps}"], "gpt2": [f"--warmup={gpt2[0]}", f"--steps={gpt2[1]}"]}
+    samples: dict[tuple[str, str], list[dict]] = {key: [] for key in runs}
     for _ in range(repeats):
-        for (framework, launcher), cmd in runs.items():
-            samples[(framework, launcher)].append(_loop(cmd, framework, args))
-    tokens = BATCH["gpt"] * SEQ
-    rates = {key: _pooled(results).inverse(tokens * 1e6) for key, results in samples.items()}
-    raw = rates[("raw", "torchrun")].median
-    for (framework, launcher), rate in rates.items():
-        label = "raw DDP (1 process)" if framework == "raw" else LABELS[framework]
-        section.rows.append([label, launcher, spread(rate), f"{rate.median / raw:.3f}x"])
-        section.data[framework] = {
+        for (model, label), framework in runs.items():
+            cmd = [f"--model={model}", *common, *args[model]]
+            samples[(model, label)].append(_loop([sys.executable], framework, cmd))
+    rates = {
+        key: _pooled(results).inverse(results[0]["tokens_per_step"] * 1e6)
+        for key, results in samples.items()
+    }
+    for (model, label), rate in rates.items():
+        ratio = rate.median / rates[(model, LABELS["raw"])].median
+        flops = samples[(model, label)][0]["flops_per_token"]
+        mfu = None if peak is None else rate.median * flops / peak
+        mfu_cell = "n/a" if mfu is None else f"{mfu:.1%}"
+        section.rows.append([MODELS[model], label, spread(rate), f"{ratio:.3f}x", mfu_cell])
+        section.data[f"{model} / {label}"] = {
             "tokens_per_s": rate.as_dict(),
-            "ratio_to_raw": rate.median / raw,
+            "ratio_to_raw": ratio,
+            "flops_per_token": flops,
+            "mfu": mfu,
         }
+    section.data["peak_flops"] = peak
+    peak_text = f"unknown (set {PEAK_FLOPS})" if peak is None else f"{peak / 1e12:g} TFLOP/s"
+    section.notes += [
+        "Each loop is `python loops.py FRAMEWORK` in its own process: no launcher, no DDP. "
+        f"GPT-2 small times {gpt2[1]} steps after {gpt2[0]} of warm-up.",
+        "MFU: tokens/s x (6N + 12 x layers x width x context) FLOPs per token (PaLM's estimate, as "
+        "nanoGPT uses it; N: every parameter but the position table, the tied token table once) "
+        f"over the dense bf16 peak of the {device}: {peak_text}.",
+        "Every loop reads the same DataLoader over CPU tensors (~0.1 ms to collate a batch on a "
+        "small VM, under 1% of a GPT-2 step) and moves batches the way its framework does by "
+        "default (raw: `.to(device, non_blocking=True)`).",
+        "One GPU runs one process, where the replica check never runs; `benchmarks/gpu_check.sh "
+        "fingerprint` times the fingerprint it would take of GPT-2 small instead.",
+    ]
     return section

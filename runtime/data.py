@@ -153,7 +153,13 @@ class PreparedDataLoader(DataLoader):
             shared.remainder = outer.remainder if outer is not None else -1
 
     def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
-        device, non_blocking = self.device, self.non_blocking
+        device = self.device
+        # A blocking copy to a GPU first waits for every kernel already queued, so the host cannot
+        # queue the next step while the GPU runs this one: GPT-2 small on an H100 lost 15% of its
+        # speed to it. A non-blocking host-to-GPU copy is as safe (CUDA stages pageable memory
+        # before returning; torch keeps pinned blocks until their copy is done) and gives the
+        # same values, so HF's ``non_blocking`` setting only ever turns it on.
+        non_blocking = self.non_blocking or (device is not None and device.type == "cuda")
         try:
             current = next(batches)
         except StopIteration:

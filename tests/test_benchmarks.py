@@ -30,6 +30,17 @@ def corpus(monkeypatch: pytest.MonkeyPatch):
     return module
 
 
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    """benchmarks/ on sys.path for one test (its modules import one another by bare name); the
+    modules loaded from there are forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    yield importlib.import_module
+    for name, module in list(sys.modules.items()):
+        if Path(getattr(module, "__file__", None) or "/").parent == BENCH:
+            del sys.modules[name]
+
+
 def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.py"))}
 
@@ -83,6 +94,7 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
         "imports",
         "per_step",
         "distributed",
+        "sync_check",
         "gpu",
         "exits",
         "memory",
@@ -100,11 +112,74 @@ def test_every_section_runs_and_writes_its_record(tmp_path: Path) -> None:
     # Section 6 really ran distributed: its loops refuse to report otherwise, so all rows exist.
     launchers = {row[1] for row in sections["distributed"]["rows"]}
     assert {"torchrun", "accel-run"} <= launchers
+    # The replica check's section measured each setting, each on 2 processes (checked by the loop).
+    assert [row[0] for row in sections["sync_check"]["rows"]] == [
+        "off",
+        "unset (the default)",
+        "every:100",
+    ]
     # Section 8 ran the clean-exit job under both launchers (counts are the run's, not asserted).
     assert {row[1] for row in sections["exits"]["rows"]} >= {"accel-run", "torchrun"}
     table = (tmp_path / "results" / "latest.md").read_text()
     assert table in result.stdout
     assert "| accel-lint | 1 |" in table
+
+
+def test_gpt2_small_has_gpt2s_parameter_count_and_palm_flops(bench) -> None:
+    import torch
+
+    loops = bench("loops")
+    with torch.device("meta"):  # the shapes without the memory
+        model = loops.GPT(loops.GPTS["gpt2"])
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808  # GPT-2 small, tied head
+    # nanoGPT's estimate: 6 per non-embedding parameter (position table out), plus attention.
+    assert loops.flops_per_token(model) == 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 768 * 1024
+
+
+def test_a_gpt_loop_reports_what_mfu_needs(bench, tmp_path: Path) -> None:
+    loops = bench("loops")
+    result = tmp_path / "result.json"
+    args = ["--model=gpt", "--steps=2", "--blocks=1", "--warmup=1", f"--result={result}"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "loops.py"), "raw", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(result.read_text())
+    shape = loops.GPTS["gpt"]
+    assert record["tokens_per_step"] == shape.batch * shape.context
+    assert len(record["us_per_step"]) == 1
+    assert record["flops_per_token"] == loops.flops_per_token(loops.GPT(shape))
+
+
+@pytest.mark.parametrize(
+    ("device", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4e12),
+        ("NVIDIA H200", 989.4e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA H100 PCIe", None),  # lower clocks: left to ACCELIFY_PEAK_FLOPS
+        ("NVIDIA L4", None),
+    ],
+)
+def test_mfu_peak_is_known_by_name_or_left_out(
+    bench, monkeypatch: pytest.MonkeyPatch, device: str, peak: float | None
+) -> None:
+    monkeypatch.delenv("ACCELIFY_PEAK_FLOPS", raising=False)
+    assert bench("runtime_bench").peak_flops(device) == peak
+
+
+def test_mfu_peak_from_the_environment_wins(bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime_bench = bench("runtime_bench")
+    monkeypatch.setenv("ACCELIFY_PEAK_FLOPS", "121e12")
+    assert runtime_bench.peak_flops("NVIDIA H100 80GB HBM3") == 121e12
+    for bad in ("fast", "0", "nan"):
+        monkeypatch.setenv("ACCELIFY_PEAK_FLOPS", bad)
+        with pytest.raises(RuntimeError, match=f"ACCELIFY_PEAK_FLOPS='{bad}': not a positive"):
+            runtime_bench.peak_flops("NVIDIA L4")
 
 
 @pytest.mark.parametrize(
