@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Literal, TextIO, TypeVar
 
 import click
@@ -204,5 +205,44 @@ def parallel_map(work: Callable[[_In], _Out], items: Sequence[_In], jobs: int) -
         return
     from concurrent.futures import ProcessPoolExecutor  # 15 ms of start-up most runs never use
 
-    with ProcessPoolExecutor(min(jobs, len(items))) as pool:
-        yield from pool.map(work, items, chunksize=4)
+    workers = min(jobs, len(items))
+    with ProcessPoolExecutor(workers, initializer=_end_with, initargs=(os.getpid(),)) as pool:
+        yield from pool.map(partial(_in_worker, work), items, chunksize=4)
+
+
+def _end_with(run: int) -> None:
+    """A worker ends with the run that started it, even one killed by SIGKILL (which never
+    stops its pool): left alone it would wait forever for work, holding the caller's pipes.
+
+    Linux's ``PR_SET_PDEATHSIG`` sends it SIGTERM, which unwinds the item under way like Ctrl-C
+    (a file being rewritten stays whole and its temporary file goes), and then it leaves: the
+    pool would catch the SystemExit as the item's result and wait for the next item on a queue
+    the other workers keep open. A worker a fork server started (not the run) is left as it is;
+    a run gone between the fork and the call is caught by the second parent check.
+    """
+    if not sys.platform.startswith("linux") or os.getppid() != run:
+        return
+    import ctypes
+
+    signal.signal(signal.SIGTERM, _end_worker)
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != run:
+        sys.exit(128 + signal.SIGTERM)
+
+
+def _end_worker(signum: int, _frame: object) -> None:
+    _ending.append(signum)
+    sys.exit(128 + signum)
+
+
+def _in_worker(work: Callable[[_In], _Out], item: _In) -> _Out:
+    """``work(item)``; then, if the run ended meanwhile, leave (see :func:`_end_with`)."""
+    try:
+        return work(item)
+    finally:
+        if _ending:
+            os._exit(128 + _ending[0])
+
+
+_ending: list[int] = []  # the signal that ended the run, in a worker told of it
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
