@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import secrets
 import shutil
@@ -22,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import rng
+from . import checksums, rng
 from .precision import Precision
 from .strategies import Strategy
 
@@ -183,11 +184,12 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     if path.name.endswith(".index.json"):
         files = sorted(set(json.loads(path.read_text())["weight_map"].values()))
         return {k: v for name in files for k, v in load_weights(path.parent / name).items()}
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    with _naming(path):
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_checkpoint_in_model(
@@ -267,6 +269,7 @@ def save_state(
         raise
     strategy.barrier()
     if state.is_main_process:
+        checksums.write(partial)  # last: its presence says the folder is complete
         _swap_in(partial, final)
     strategy.barrier()
     return final
@@ -312,16 +315,52 @@ def _swap_in(partial: Path, final: Path) -> None:
 def load_object(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing from the checkpoint")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    with _naming(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Say which file could not be read: torch and safetensors often do not (``EOFError``,
+    ``basic_ios::clear: iostream error``, ``Invalid argument``)."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:
+        if str(path) in str(err):
+            raise
+        if "Weights only load failed" in str(err):
+            raise ValueError(
+                f"{path}: cannot be read with torch.load(weights_only=True): it holds objects "
+                "other than tensors and plain data, or it is not a torch file"
+            ) from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "no details"
+        raise ValueError(f"{path}: cannot be read ({type(err).__name__}: {first})") from err
+
+
+def _found(folder: Path) -> Path:
+    """The checkpoint to read for ``folder``: itself, or what a save interrupted between its two
+    renames left, the new one (complete) or else the previous one, with a warning."""
+    if folder.is_dir():
+        return folder
+    new, old = (folder.parent / f".{folder.name}.{end}" for end in ("partial", "old"))
+    for kept, which in ((new, "the new one, complete"), (old, "the previous one")):
+        if kept.is_dir() and (which == "the previous one" or checksums.complete(kept)):
+            warnings.warn(
+                f"{folder}: missing, as a save_state was interrupted; loading {which} from {kept}",
+                stacklevel=3,
+            )
+            return kept
+    raise FileNotFoundError(f"{folder}: no such checkpoint folder")
 
 
 def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     """Restore what :func:`save_state` wrote into ``parts``; return the saved metadata."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        old = folder.parent / f".{folder.name}.old"
-        hint = f" (an interrupted save left the previous one in {old})" if old.is_dir() else ""
-        raise FileNotFoundError(f"{folder}: no such checkpoint folder{hint}")
+    folder = _found(Path(directory))
+
+    def read(name: str) -> Any:
+        checksums.verify(folder, folder / name)
+        return load_object(folder / name)
+
     meta_path = folder / META
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: missing, not a checkpoint written by save_state")
@@ -331,6 +370,7 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
         if not found:
             raise FileNotFoundError(f"{folder / model_files(i)[0]}: missing from the checkpoint")
         weights = found[0]
+        checksums.verify(folder, weights)
         load_checkpoint_in_model(parts.strategy.unwrap_model(model), weights, strict=True)
     for kind, objects in (
         ("optimizer", parts.optimizers if common else []),
@@ -338,12 +378,12 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
         ("dataloader", parts.dataloaders),
     ):
         for i, obj in enumerate(objects):
-            obj.load_state_dict(load_object(folder / _name(kind, i, ".bin")))
+            obj.load_state_dict(read(_name(kind, i, ".bin")))
     if parts.precision.state_dict() is not None:
-        parts.precision.load_state_dict(load_object(folder / "scaler.pt"))
+        parts.precision.load_state_dict(read("scaler.pt"))
     for i, obj in enumerate(parts.custom):
-        obj.load_state_dict(load_object(folder / f"custom_checkpoint_{i}.pkl"))
-    rng.restore(load_object(folder / f"random_states_{parts.strategy.state.process_index}.pkl"))
+        obj.load_state_dict(read(f"custom_checkpoint_{i}.pkl"))
+    rng.restore(read(f"random_states_{parts.strategy.state.process_index}.pkl"))
     return json.loads(meta_path.read_text())
 
 

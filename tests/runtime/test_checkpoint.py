@@ -142,6 +142,7 @@ def test_checkpoint_layout_rotation_and_restored_counter(tmp_path: Path) -> None
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_2", "checkpoint_3"]
     assert sorted(p.name for p in (root / "checkpoint_3").iterdir()) == [
         "accelify_state.json",
+        "checksums.json",
         "custom_checkpoint_0.pkl",
         "dataloader.bin",
         "model.safetensors",
@@ -200,6 +201,7 @@ def test_a_full_disk_names_the_file_and_leaves_no_half_checkpoint(
 def test_restore_errors_are_raised(tmp_path: Path) -> None:
     accelerator, *_ = _training(tmp_path)
     folder = Path(accelerator.save_state())
+    (folder / "checksums.json").unlink()  # else the changed file is refused before it is read
     torch.save({"python": "not a state", "torch": torch.zeros(1)}, folder / "random_states_0.pkl")
     with pytest.raises(ValueError, match=r"Random\.setstate"):
         accelerator.load_state(folder)
@@ -231,9 +233,7 @@ def test_resume_and_automatic_naming_errors_are_one_line(tmp_path: Path) -> None
         auto.load_state()
 
 
-def test_torch_format_states_load_and_a_missing_folder_points_at_an_interrupted_save(
-    tmp_path: Path,
-) -> None:
+def test_torch_format_states_load(tmp_path: Path) -> None:
     accelerator, model, epoch, _ = _training(tmp_path)
     folder = Path(accelerator.save_state(safe_serialization=False))
     assert (folder / "pytorch_model.bin").is_file() and not (folder / "model.safetensors").exists()
@@ -241,8 +241,55 @@ def test_torch_format_states_load_and_a_missing_folder_points_at_an_interrupted_
     epoch()
     accelerator.load_state(folder)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), saved, strict=True))
-    folder.rename(folder.parent / f".{folder.name}.old")
-    with pytest.raises(FileNotFoundError, match="interrupted save left the previous one"):
+
+
+@pytest.mark.parametrize("left", ["new", "old"])
+def test_a_save_interrupted_between_its_renames_still_loads(tmp_path: Path, left: str) -> None:
+    """save_state renames the old folder away, then the new one into place: a crash between
+    the two leaves only hidden folders, and load_state reads the new one if it is complete."""
+    accelerator, model, epoch, _ = _training(tmp_path)
+    target = Path(accelerator.save_state())
+    first = [p.detach().clone() for p in model.parameters()]
+    epoch()
+    second = [p.detach().clone() for p in model.parameters()]
+    new = Path(accelerator.save_state())
+    target.rename(target.parent / f".{target.name}.old")  # the crash: the old one moved away...
+    if left == "new":  # ...and the new one finished but not yet renamed
+        new.rename(target.parent / f".{target.name}.partial")
+    epoch()
+    with pytest.warns(UserWarning, match="missing, as a save_state was interrupted; loading"):
+        accelerator.load_state(target)
+    expected = second if left == "new" else first
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), expected, strict=True))
+
+
+def test_a_flipped_byte_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    accelerator, *_ = _training(tmp_path)
+    folder = Path(accelerator.save_state())
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x10  # inside the last tensor's values: safetensors reads it without complaint
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"/model\.safetensors: damaged: its bytes differ"):
+        accelerator.load_state(folder)
+
+
+DAMAGE = {
+    "truncated": lambda data: data[: len(data) // 2],
+    "empty": lambda data: b"",
+    "garbage": lambda data: b"x" * len(data),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_file_that_cannot_be_read_is_an_error_naming_it(tmp_path: Path, damage: str) -> None:
+    """Without checksums (HF's checkpoints have none), torch's own errors name no file."""
+    accelerator, *_ = _training(tmp_path)
+    folder = Path(accelerator.save_state())
+    (folder / "checksums.json").unlink()
+    optimizer = folder / "optimizer.bin"
+    optimizer.write_bytes(DAMAGE[damage](optimizer.read_bytes()))
+    with pytest.raises(ValueError, match=r"/optimizer\.bin: cannot be read [^\n]*$"):
         accelerator.load_state(folder)
 
 
