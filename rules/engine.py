@@ -19,6 +19,7 @@ from libcst.metadata import CodePosition, CodeRange
 
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Report, Rule, Severity
+from accelify.transform import edits
 from accelify.transform.sources import python_syntax_error
 from accelify.transform.walk import walk
 
@@ -243,26 +244,33 @@ def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
     return sorted(set(findings), key=lambda f: (f.line, f.column, f.code, f.message))
 
 
-class _Replacer(cst.CSTTransformer):
-    def __init__(self, edits: dict[int, cst.CSTNode | cst.RemovalSentinel]) -> None:
-        super().__init__()
-        self._edits = edits
-
-    def on_leave(
-        self, original_node: cst.CSTNode, updated_node: cst.CSTNode
-    ) -> cst.CSTNode | cst.RemovalSentinel:
-        return self._edits.get(id(original_node), updated_node)  # type: ignore[return-value]
-
-
 def _apply(module: cst.Module, chosen: Sequence[Report]) -> str | None:
-    """The code with ``chosen`` applied, or None if it would not compile."""
-    edits = {id(r.old): r.new for r in chosen if r.old is not None and r.new is not None}
-    code = module.visit(_Replacer(edits)).code
+    """The code with ``chosen`` applied, or None if it would not compile.
+
+    The converter's edit pass applies them, so that a fix never loses a comment: libcst drops a
+    removed statement line with the comments it holds (the lines above it, the one at its end);
+    the edit pass hands them to the next statement, or to the end of the block (its footer) when
+    the line was the block's last.
+    """
+    code = edits.apply(module, _edits(chosen)).code
     try:
         compile(code, "<fixed>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
         return None
     return code
+
+
+def _edits(chosen: Sequence[Report]) -> edits.Edits:
+    """The fixes of ``chosen`` as converter edits: removals of statement lines, replacements."""
+    planned = edits.Edits()
+    for report in chosen:
+        if report.old is None or report.new is None:
+            continue
+        if isinstance(report.new, cst.RemovalSentinel):
+            planned.remove(report.old)  # type: ignore[arg-type]  # a statement line: see Report
+        else:
+            planned.replace(report.old, report.new)
+    return planned
 
 
 def fix(text: str, rules: Sequence[type[Rule]], unsafe: bool = False) -> tuple[str, list[str]]:

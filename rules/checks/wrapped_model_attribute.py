@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.rules.build import unwrapped
-from accelify.rules.facts import PREPARE_ONE, Facts, prepare_call
+from accelify.rules.build import name_expr, unwrapped
+from accelify.rules.facts import PREPARE_ONE, Facts, Prepared, prepare_call
 from accelify.rules.rule import Invalid, Report, Rule, Severity
 from accelify.transform.patterns import Role, callee_name, dotted_name, target_names
 from accelify.transform.walk import children
@@ -144,7 +144,9 @@ class WrappedModelAttribute(Rule):
     ## Fix safety
     Unsafe: the unwrapped model computes without the wrapper, so a method that is part of the
     training step (`loss = model.encode(x)...`) would train without gradient synchronisation.
-    There, call `model(...)` (the wrapper's `forward`) instead.
+    There, call `model(...)` (the wrapper's `forward`) instead. No fix where the Accelerator's
+    name has since been given to a prepared object (`accelerator = accelerator.prepare(model)`):
+    no name holds the Accelerator any more.
     """
 
     code = "ACL005"
@@ -214,6 +216,15 @@ class WrappedModelAttribute(Rule):
             "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
             "n = accelerator.unwrap_model(model).config.num_labels\n",
         ),
+        # The model took the Accelerator's name: `accelerator.unwrap_model` is the model's too.
+        Invalid(
+            "accelerator = Accelerator()\naccelerator = accelerator.prepare(model)\n"
+            "out = accelerator.generate(ids)\n"
+        ),
+        Invalid(
+            "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
+            "accelerator = accelerator.prepare(net)\nout = model.generate(ids)\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
@@ -257,13 +268,29 @@ class WrappedModelAttribute(Rule):
         model = self.facts.prepared(value)
         if model is None or model.role is not Role.MODEL or model.name != name:
             return
+        problem = (
+            f"`{model.name}` is the prepared (wrapped) model: on several processes it has no "
+            f"`{attr}`"
+        )
+        if self._accelerator_rebound(model):
+            self.report(
+                node,
+                f"{problem}; `{model.accelerator}` no longer holds the Accelerator: keep it under "
+                f"a name of its own and use its `unwrap_model({model.name}).{attr}`",
+            )
+            return
         self.report(
             node,
-            f"`{model.name}` is the prepared (wrapped) model: on several processes it has no "
-            f"`{attr}`; use `{model.accelerator}.unwrap_model({model.name}).{attr}`",
+            f"{problem}; use `{model.accelerator}.unwrap_model({model.name}).{attr}`",
             new=node.with_changes(value=unwrapped(model.accelerator, node.value)),
             safe=False,
         )
+
+    def _accelerator_rebound(self, model: Prepared) -> bool:
+        """Whether the name ``model`` was prepared through now holds a prepared object: its
+        ``unwrap_model`` would be that object's attribute, another finding whose fix wraps it
+        again, once per fix pass (``accelerator = accelerator.prepare(model)``)."""
+        return self.facts.prepared(name_expr(model.accelerator)) is not None
 
 
 def _prepares_one(value: cst.BaseExpression) -> bool:

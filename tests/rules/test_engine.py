@@ -87,3 +87,18 @@ def test_a_crashing_rule_is_a_one_line_error_not_a_traceback(monkeypatch, tmp_pa
     path.write_text("import torch\ntorch.ones(1)\n")
     result = check_file(str(path), Options())
     assert result.error == f"{path}:0: internal error (please report): RuntimeError: boom"
+
+
+def test_a_fix_that_removes_a_line_keeps_its_comments_and_the_block_end_ones() -> None:
+    """The last line of a loop at the end of the file is removed: the comment above it, the one
+    at its end and the indented one after it all stay, byte for byte, at the loop's end."""
+    rule = next(rule for rule in all_rules() if rule.code == "ACL206")
+    head = (
+        "from accelify.runtime import Accelerator\n\naccelerator = Accelerator()\n"
+        "model, loader = accelerator.prepare(model, loader)\n"
+        "for batch in loader:\n    out = model(batch)\n    # the model must be on the GPU\n"
+    )
+    end = "    # a comment the user wrote, indented, at the very end\n"
+    fixed, notes = engine.fix(f"{head}    model.to(device)  # moved after prepare\n{end}", [rule])
+    assert notes == []
+    assert fixed == f"{head}    # moved after prepare\n{end}"
