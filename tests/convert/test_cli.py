@@ -18,6 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -491,9 +492,9 @@ def test_jobs_runs_a_process_pool_and_keeps_input_order(monkeypatch: pytest.Monk
     pools: list[int] = []
 
     class Pool(concurrent.futures.ProcessPoolExecutor):
-        def __init__(self, max_workers: int) -> None:
+        def __init__(self, max_workers: int, **options: Any) -> None:
             pools.append(max_workers)
-            super().__init__(max_workers)
+            super().__init__(max_workers, **options)  # the initializer ties workers to the run
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
     write("a.py", SCRIPT)
