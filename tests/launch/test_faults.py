@@ -21,15 +21,17 @@ from accelify.runtime.launch.bootstrap import LAUNCHER_PID
 
 pytestmark = pytest.mark.slow
 
-# Each rank says it is ready, then rank 1 sleeps while rank 0 waits for it in an all-reduce.
+# Each rank says it is ready (in one write: two processes' prints interleave word by word), then
+# rank 1 sleeps while rank 0 waits for it in an all-reduce.
 HANG = """\
-import os, time, torch
+import os, sys, time, torch
 from accelify.runtime import Accelerator
 
 accelerator = Accelerator(cpu=True)
-print("ready", os.getpid(), flush=True)
+sys.stdout.write(f"ready {os.getpid()}\\n")
+sys.stdout.flush()
 if accelerator.process_index == 1:
-    time.sleep(600)  # the hang
+    time.sleep(120)  # the hang
 accelerator.reduce(torch.ones(1))
 """
 
@@ -103,10 +105,12 @@ def test_a_hang_ends_at_the_timeout_with_where_each_rank_was(accel_run_argv, tmp
     assert report[0].startswith("accel-run: rank 0 failed first (exit code 1")
     assert "Timed out waiting 3000ms" in stderr  # gloo's words, in rank 0's traceback
     stopped = next(line for line in report if line.startswith("accel-run: rank 1 also failed"))
-    assert stopped.endswith("while at hang.py:7")
+    sleeping = HANG.splitlines().index("    time.sleep(120)  # the hang") + 1
+    assert stopped.endswith(f"while at hang.py:{sleeping}")
     # After a timeout the stopped rank's whole stack follows, its sleeping line included.
     stack = report[report.index(stopped) + 1 :]
-    assert any(line.startswith(f'  File "{tmp_path / "hang.py"}", line 7') for line in stack)
+    frame = f'  File "{tmp_path / "hang.py"}", line {sleeping}'
+    assert any(line.startswith(frame) for line in stack)
 
 
 def test_the_launcher_tells_its_workers_who_to_die_with(accel_run_argv, tmp_path) -> None:
