@@ -299,6 +299,7 @@ def _end_at_exit() -> None:
     and a clean job aborts (SIGABRT) about one run in four. After an uncaught exception nothing
     is waited for: the launcher stops the other ranks."""
     if getattr(sys, "last_value", None) is not None:
+        uneven.WATCH.stop()  # its thread must not outlive the interpreter (see stop)
         return
     reset(timeout=EXIT_WAIT_S)
 

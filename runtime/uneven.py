@@ -78,6 +78,7 @@ class _Watch:
         self.forward_began = 0.0  # monotonic start of the forward pass under way; 0: none
         self.generation = 0
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, rank: int) -> None:
         """Watch for another process's end (call once the process group exists)."""
@@ -85,11 +86,22 @@ class _Watch:
         self._stop = threading.Event()
         store = dist.distributed_c10d._get_default_store()
         args = (store, rank, self._key(), self._stop)
-        threading.Thread(target=self._run, args=args, name="accelify-uneven", daemon=True).start()
+        self._thread = threading.Thread(
+            target=self._run, args=args, name="accelify-uneven", daemon=True
+        )
+        self._thread.start()
 
     def stop(self) -> None:
-        """No more watching (this process ended, or joined uneven inputs on purpose)."""
+        """No more watching (this process ended, or joined uneven inputs on purpose).
+
+        Waits for the thread to finish: a daemon thread still inside a store request when the
+        interpreter shuts down is ended by unwinding through torch's C++ frames, which aborts the
+        process (SIGABRT, "terminate called without an active exception") after a clean run.
+        """
         self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)  # a store that stopped answering must not hold the exit
 
     def watch_forwards(self, model: torch.nn.Module) -> None:
         """Count ``model``'s forward passes and time the one under way."""
