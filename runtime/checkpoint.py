@@ -357,8 +357,10 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     """Restore what :func:`save_state` wrote into ``parts``; return the saved metadata."""
     folder = _found(Path(directory))
 
+    digests = checksums.recorded(folder)  # read once; each file is checked as it is loaded
+
     def read(name: str) -> Any:
-        checksums.verify(folder, folder / name)
+        checksums.verify(digests, folder, folder / name)
         return load_object(folder / name)
 
     meta_path = folder / META
@@ -370,7 +372,7 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
         if not found:
             raise FileNotFoundError(f"{folder / model_files(i)[0]}: missing from the checkpoint")
         weights = found[0]
-        checksums.verify(folder, weights)
+        checksums.verify(digests, folder, weights)
         load_checkpoint_in_model(parts.strategy.unwrap_model(model), weights, strict=True)
     for kind, objects in (
         ("optimizer", parts.optimizers if common else []),

@@ -29,12 +29,15 @@ def complete(folder: Path) -> bool:
     return (folder / MANIFEST).is_file()
 
 
-def verify(folder: Path, path: Path) -> None:
-    """Raise unless ``path`` still has the bytes the manifest of ``folder`` recorded."""
+def recorded(folder: Path) -> dict[str, str]:
+    """The digests ``save_state`` recorded for ``folder``, by relative path; none without one."""
     manifest = folder / MANIFEST
-    if not manifest.is_file():
-        return
-    expected = json.loads(manifest.read_text()).get(path.relative_to(folder).as_posix())
+    return json.loads(manifest.read_text()) if manifest.is_file() else {}
+
+
+def verify(digests: dict[str, str], folder: Path, path: Path) -> None:
+    """Raise unless ``path`` still has the bytes recorded in ``digests`` (see :func:`recorded`)."""
+    expected = digests.get(path.relative_to(folder).as_posix())
     if expected is not None and _digest(path) != expected:
         raise ValueError(
             f"{path}: damaged: its bytes differ from those save_state wrote ({MANIFEST}), so it "

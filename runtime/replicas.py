@@ -71,7 +71,9 @@ class Group:
     advice: str = _CAUSES
 
 
-def groups(models: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> list:
+def groups(
+    models: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+) -> list[Group]:
     """One group per prepared model, and one per optimizer for the parameters it steps that no
     prepared model holds (a module trained outside ``prepare``)."""
     found, held = [], set()
