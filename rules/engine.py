@@ -20,6 +20,7 @@ from libcst.metadata import CodePosition, CodeRange
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Report, Rule, Severity
 from accelify.transform import edits
+from accelify.transform.depth import deep_enough
 from accelify.transform.sources import python_syntax_error
 from accelify.transform.walk import walk
 
@@ -214,6 +215,7 @@ def _unsuppressed(
     return located
 
 
+@deep_enough
 def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
     """Findings for ``text``, sorted by position. Raises ``SyntaxError`` on unparsable input."""
     if not rules or not is_relevant(text):
@@ -273,6 +275,7 @@ def _edits(chosen: Sequence[Report]) -> edits.Edits:
     return planned
 
 
+@deep_enough
 def fix(text: str, rules: Sequence[type[Rule]], unsafe: bool = False) -> tuple[str, list[str]]:
     """Apply fixes until nothing changes; returns the new text and notes on dropped fixes.
 

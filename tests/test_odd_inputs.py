@@ -41,8 +41,10 @@ accelerator = Accelerator()
 model = accelerator.prepare(torch.nn.Linear(2, 2))
 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 """
-# CPython takes ~3000 terms; the tools' own recursion runs out near 1000.
-LONG = "import torch\nx = " + " + ".join(["1"] * 1500) + "\n"
+# CPython compiles ~2990 terms (3x its recursion limit); not 3500.
+LONG = "import torch\nx = " + " + ".join(["1"] * 3500) + "\n"
+# CPython keeps an and/or chain flat and compiles any length; libcst nests it and crashes.
+BOOLS = "import torch\nx = " + " or ".join(["a"] * 40000) + "\n"
 # CPython refuses more than 200 nested brackets; libcst's parser dies past a few thousand.
 NESTED = "import torch\nx = " + "(" * 2500 + "1" + ")" * 2500 + "\n"
 # CPython's parser runs out of stack (MemoryError) on ~6000 unary operators; libcst's crashes.
@@ -61,10 +63,15 @@ def _lines(captured: str) -> list[str]:
     return [line for line in captured.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("text, message", [(LONG, "nested too deeply to analyse"),
-                                           (NESTED, "too many nested parentheses"),
-                                           (UNARY, "too complex for Python's parser")],
-                         ids=["long-expression", "deep-brackets", "unary-chain"])  # fmt: skip
+DEEP = {
+    "long-expression": (LONG, "nested too deeply to parse"),
+    "deep-brackets": (NESTED, "too many nested parentheses"),
+    "unary-chain": (UNARY, "too complex for Python's parser"),
+    "bool-chain": (BOOLS, "an and/or chain of 40,000 terms"),
+}
+
+
+@pytest.mark.parametrize("text, message", DEEP.values(), ids=DEEP)
 def test_deep_code_is_one_line_and_the_inplace_run_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
@@ -76,9 +83,7 @@ def test_deep_code_is_one_line_and_the_inplace_run_goes_on(
     assert files["deep"].read_text() == text
 
 
-@pytest.mark.parametrize(
-    "text", [LONG, NESTED, UNARY], ids=["long-expression", "deep-brackets", "unary-chain"]
-)
+@pytest.mark.parametrize("text", [text for text, _ in DEEP.values()], ids=DEEP)
 def test_the_linter_reports_deep_code_on_one_line_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
@@ -87,6 +92,23 @@ def test_the_linter_reports_deep_code_on_one_line_too(
     out = capsys.readouterr()
     lines = [line for line in _lines(out.out + out.err) if "deep.py" in line]
     assert len(lines) == 1 and "deep.py:2: " in lines[0] and "internal error" not in lines[0]
+
+
+def test_code_nested_almost_as_deep_as_python_compiles_is_converted_and_linted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tools recurse a few frames per level: Python's default limit stopped them at 490
+    terms of one chain. Work that runs out of frames runs again on a deeper stack."""
+    chain = " + ".join(["x"] * 2500)
+    text = TRAINING.replace("model(x).sum()", f"model({chain}).sum()")
+    files = _files(tmp_path, train=text)
+    assert convert_cli.run(["--inplace", str(tmp_path)]) == 0, capsys.readouterr().err
+    converted = files["train"].read_text()
+    assert "accelerator.backward(loss)" in converted and chain in converted
+    capsys.readouterr()
+    assert lint_cli.run([str(files["train"])]) == 1  # a finding: the rules ran through it
+    assert "ACL211 no DataLoader feeds this training step" in capsys.readouterr().out
+    assert sys.getrecursionlimit() == 1000  # given back
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")

@@ -20,6 +20,7 @@ from accelify.transform.analysis import (
     key_of,
     optimized_models,
 )
+from accelify.transform.depth import deep_enough
 from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
@@ -80,8 +81,6 @@ def parse(source: str, path: str) -> cst.Module:
             raise _syntax(python_error, path) from None
         first = err.message.splitlines()[0] if err.message else "unsupported syntax"
         raise SourceError(path, err.raw_line, f"cannot parse: {first}") from None
-    except RecursionError:
-        raise too_deep(path, source) from None
 
 
 def _syntax(err: SyntaxError, path: str) -> SourceError:
@@ -142,6 +141,7 @@ def refusals(module: cst.Module, source: str) -> tuple[Note, ...]:
     return distributed.notes if distributed.module is None else ()
 
 
+@deep_enough
 def _convert(module: cst.Module, source: str, options: Options, path: str) -> Result:
     distributed = dedistribute(module, source)
     if distributed is not None:

@@ -80,7 +80,7 @@ def python_syntax_error(text: str, path: str) -> SyntaxError | None:
     """CPython's ``SyntaxError`` for ``text``, or None when it parses. Raised at once for nesting
     beyond Python's limits, which libcst's native parser would crash on (SIGSEGV)."""
     try:
-        python_ast(text, path)
+        tree = python_ast(text, path)
     except SyntaxError as err:
         if "too many" in (err.msg or ""):  # nested parentheses, indentation levels, ...
             raise
@@ -92,7 +92,29 @@ def python_syntax_error(text: str, path: str) -> SyntaxError | None:
     except MemoryError:  # CPython's parser overflows its stack (thousands of unary operators)
         message = "too complex for Python's parser (nested too deeply; split this expression)"
         raise SyntaxError(message, (path, _longest_line(text), 0, "")) from None
+    _refuse_long_bool_chains(tree, text, path)
     return None
+
+
+# CPython keeps ``a and b and ...`` flat; libcst nests it a level per operator, and its native
+# parser overflows its stack (SIGSEGV) between 5,000 and 10,000 terms. Nesting beyond this is
+# refused everywhere else by CPython itself, at about the same depth.
+_LONGEST_BOOL_CHAIN = 2_990
+
+
+def _refuse_long_bool_chains(tree: ast.Module, text: str, path: str) -> None:
+    if len(re.findall(r"\b(?:and|or)\b", text)) < _LONGEST_BOOL_CHAIN:
+        return  # no chain can be that long: the common case costs one scan of the text
+    import ast  # only on this rare path
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BoolOp) and len(node.values) > _LONGEST_BOOL_CHAIN:
+            raise SyntaxError(
+                f"an and/or chain of {len(node.values):,} terms is too long for libcst, which "
+                f"the tools read code with (it nests one level per term; at most "
+                f"{_LONGEST_BOOL_CHAIN:,}): split it",
+                (path, node.lineno, 0, ""),
+            )
 
 
 def _longest_line(text: str) -> int:
