@@ -8,6 +8,7 @@ inner edits already applied: a wrapped loop body still gets its ``accelerator.ba
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -179,6 +180,8 @@ class _Applier(cst.CSTTransformer):
                 footer = block.footer
             else:
                 emitted.append(new)
+            if new is not old and id(old) not in self.edits.removals:
+                _keep_comments(old, emitted, start - len(body))
             spans[id(old)] = (start, len(body) + len(emitted) - 1)
             emitted.extend(self.edits.after.get(id(old), ()))
             if emitted and pending:
@@ -227,26 +230,57 @@ def _with_lines(statement: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst
     return statement.with_changes(leading_lines=[*lines, *own])
 
 
-def comments_in(statement: cst.BaseStatement) -> list[cst.EmptyLine]:
-    """The comments a statement holds (at its line's end, in its body), as own lines: what a
-    removed or rewritten statement hands to the next one, so that no comment disappears."""
-    found: list[cst.TrailingWhitespace | cst.EmptyLine] = []
-    if isinstance(statement, cst.SimpleStatementLine):
-        found.append(statement.trailing_whitespace)
-    else:
-        body = getattr(statement, "body", None)
-        if isinstance(body, cst.IndentedBlock):
-            found.append(body.header)
-            for inner in body.body:
-                found.extend(inner.leading_lines)
-                found.extend(comments_in(inner))
-            found.extend(body.footer)
-        orelse = getattr(statement, "orelse", None)
-        if orelse is not None:
-            found.extend(orelse.leading_lines)
-            found.extend(comments_in(orelse))
-    return [
-        cst.EmptyLine(indent=True, comment=item.comment)
-        for item in found
-        if item.comment is not None
-    ]
+def comments_in(node: cst.CSTNode, blocks: bool = True) -> list[cst.EmptyLine]:
+    """The comments ``node`` holds below its own leading lines, in order, as own lines: what a
+    removed or rewritten statement hands on, so that no comment disappears. Without ``blocks``,
+    those in its indented blocks are left out: their statements are edited, and kept, on their own.
+    """
+    own = {id(line) for line in getattr(node, "leading_lines", ())}
+    found: list[cst.EmptyLine] = []
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Comment):
+            found.append(cst.EmptyLine(indent=True, comment=current))
+            continue
+        stack.extend(
+            child
+            for child in reversed(current.children)
+            if id(child) not in own and (blocks or not isinstance(child, cst.IndentedBlock))
+        )
+    return found
+
+
+def _keep_comments(old: cst.BaseStatement, emitted: list[cst.BaseStatement], at: int) -> None:
+    """Put the comments a rewrite dropped from ``old`` (one inside a device expression, in the
+    arguments of a rewritten call) above ``emitted[at]``, its first statement out.
+
+    A statement rewritten into one of its kind keeps its blocks, whose statements keep their own
+    comments; one rewritten into another kind (an ``if`` chain into one assignment) hands on all.
+    """
+    dropped = comments_in(old, blocks=type(emitted[at]) is not type(old))
+    lost = _missing(dropped, emitted[at:], blocks=False)
+    if lost:  # or moved into a block the rewrite made (a ``with`` around the statement)
+        lost = _missing(dropped, emitted[at:], blocks=True)
+    if lost:
+        first = emitted[at]
+        emitted[at] = first.with_changes(leading_lines=[*first.leading_lines, *lost])
+
+
+def _missing(
+    lines: list[cst.EmptyLine], statements: list[cst.BaseStatement], blocks: bool
+) -> list[cst.EmptyLine]:
+    """The comments of ``lines`` that ``statements`` do not hold, counting repeats."""
+    kept = Counter(
+        line.comment.value
+        for new in statements
+        for line in [*new.leading_lines, *comments_in(new, blocks)]
+        if line.comment is not None
+    )
+    missing = []
+    for line in lines:
+        if kept[line.comment.value] > 0:  # type: ignore[union-attr]
+            kept[line.comment.value] -= 1  # type: ignore[union-attr]
+        else:
+            missing.append(line)
+    return missing

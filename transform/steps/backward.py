@@ -17,8 +17,9 @@ from accelify.transform.setup import Refused, runs_ahead_of_builds
 def to_accelerator_backward(accelerator: cst.BaseExpression, call: cst.Call) -> cst.Call:
     """``(loss / n).backward(x=1)`` -> ``accelerator.backward(loss / n, x=1)``."""
     loss = call.func.value.with_changes(lpar=[], rpar=[])  # type: ignore[union-attr]
+    # The call keeps its own layout: comments among its arguments stay where they were.
     args = [cst.Arg(loss), *call.args]
-    return cst.Call(cst.Attribute(accelerator, cst.Name("backward")), args=args)
+    return call.with_changes(func=cst.Attribute(accelerator, cst.Name("backward")), args=args)
 
 
 def backward(plan: Plan) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, key_of, mentions, names_in
-from accelify.transform.edits import comments_in
 from accelify.transform.patterns import Role, is_device
 from accelify.transform.plan import Plan
 from accelify.transform.setup import Refused
@@ -115,10 +114,7 @@ def _one_device(plan: Plan, bindings: list[Binding]) -> None:
     if chain is not None:
         assign = plan.statement(f"{key} = {code}\n")
         plan.edits.replace(
-            chain,
-            lambda node: assign.with_changes(
-                leading_lines=[*node.leading_lines, *comments_in(chain)]
-            ),
+            chain, lambda node: assign.with_changes(leading_lines=node.leading_lines)
         )
     elif holder is not None:  # chosen in a branch that does more: follow it
         plan.accelerator(holder)
