@@ -108,6 +108,9 @@ def _check(  # typer passes every parameter by name
             help="The name standard input is linted as (for reports, config and per-file-ignores).",
         ),
     ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print findings, nothing else (no summary).")
+    ] = False,
     jobs: Annotated[
         int,
         typer.Option(
@@ -146,7 +149,7 @@ def _check(  # typer passes every parameter by name
         if statistics:
             render_statistics(results, out)
         elif output_format == "text":
-            render_text(results, out, show_fixes)
+            render_text(results, out, show_fixes, quiet)
         else:
             out.file.write(MACHINE[output_format](results, rules) + "\n")
         if output_file is not None and report is not None:

@@ -27,6 +27,8 @@ from accelify.transform.walk import walk
 # A file that mentions none of these cannot contain anything the rules look for.
 _RELEVANT = re.compile(r"\b(torch|accelerate|accelify|Accelerator|cuda)\b")
 _FILE_NOQA = re.compile(r"^[ \t]*#[ \t]*accelify:[ \t]*noqa\b", re.MULTILINE | re.IGNORECASE)
+_BACKWARD = re.compile(r"\.backward\(")
+_ACCELERATOR = re.compile(r"\b[Aa]ccelerator\b")
 _NEWLINE = re.compile(r"\r\n?|\n")  # libcst's line breaks
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
 MAX_FIX_PASSES = 10
@@ -89,6 +91,12 @@ class _Dispatcher(cst.CSTVisitor):
 def is_relevant(text: str) -> bool:
     """Cheap text prefilter: skip files that cannot matter, and files opted out as a whole."""
     return bool(_RELEVANT.search(text)) and not _FILE_NOQA.search(text)
+
+
+def trains_alone(text: str) -> bool:
+    """Whether ``text`` calls ``.backward(`` and never names an accelerator: training the
+    Accelerate rules have nothing to read in (what ACL210, off by default, looks into)."""
+    return bool(_BACKWARD.search(text)) and not _ACCELERATOR.search(text)
 
 
 def parse(text: str) -> cst.Module:
@@ -217,8 +225,11 @@ def _unsuppressed(
 
 @deep_enough
 def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
-    """Findings for ``text``, sorted by position. Raises ``SyntaxError`` on unparsable input."""
+    """Findings for ``text``, sorted by position. Raises ``SyntaxError`` on unparsable input,
+    also in a file no rule reads (as Ruff reports one everywhere)."""
     if not rules or not is_relevant(text):
+        if python_syntax_error(text, "<lint>") is not None:
+            parse(text)  # libcst reads syntax newer than this Python; else this raises
         return []
     module = parse(text)
     reports = run_rules(module, rules, text)

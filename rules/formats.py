@@ -38,10 +38,13 @@ def _pairs(results: Sequence[FileResult]) -> list[tuple[str, Finding]]:
 
 
 def render_text(
-    results: Sequence[FileResult], out: Console | PlainConsole, show_fixes: bool = False
+    results: Sequence[FileResult],
+    out: Console | PlainConsole,
+    show_fixes: bool = False,
+    quiet: bool = False,
 ) -> None:
     """Findings one per line, excerpts on a terminal, and a summary (with ``show_fixes``, the
-    fixes applied per file and rule, as Ruff's ``--show-fixes``)."""
+    fixes applied per file and rule, as Ruff's ``--show-fixes``; with ``quiet``, findings only)."""
     pairs = _pairs(results)
     for path, finding in pairs:
         mark = " [*]" if finding.fix == "safe" else ""
@@ -74,6 +77,16 @@ def render_text(
                 + "^" * width
                 + "[/]"
             )
+    if not quiet:
+        _summary(results, pairs, out, show_fixes)
+
+
+def _summary(
+    results: Sequence[FileResult],
+    pairs: list[tuple[str, Finding]],
+    out: Console | PlainConsole,
+    show_fixes: bool,
+) -> None:
     fixed = sum(r.fixed.total() for r in results)
     if fixed:
         end = ":" if show_fixes else "."
@@ -96,6 +109,17 @@ def render_text(
         out.print(f"Found {len(pairs)} problem{'s' * (len(pairs) != 1)}{hint}.", markup=False)
     elif not any(r.error for r in results):
         out.print("All checks passed!", markup=False)
+    unchecked = sum(r.unchecked for r in results)
+    if unchecked:  # "passed" must not read as "safe on many processes" for plain scripts
+        files, them = (
+            ("1 file trains", "it") if unchecked == 1 else (f"{unchecked} files train", "them")
+        )
+        out.print(
+            f"Note: {files} with no Accelerator in {them}, where the multi-process rules have "
+            "nothing to read (accel-convert converts such scripts; --select ACL210 lists what "
+            "it would leave alone).",
+            markup=False,
+        )
 
 
 def render_statistics(results: Sequence[FileResult], out: Console | PlainConsole) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from accelify.rules import config, engine, notebook
 from accelify.rules.checks import all_rules
+from accelify.rules.checks.unconverted_training import UnconvertedTraining
 from accelify.rules.engine import Finding
 from accelify.rules.rule import Rule
 from accelify.transform.sources import (
@@ -42,6 +43,8 @@ class FileResult:
     diff: str = ""
     fixed: Counter[tuple[str, str]] = field(default_factory=Counter)  # (code, name): removed
     notes: list[str] = field(default_factory=list)
+    # Trains with no accelerator in it, and ACL210 (which reads such files) is not selected.
+    unchecked: bool = False
 
 
 def check_file(path: str | SourceError, options: Options) -> FileResult:
@@ -82,6 +85,7 @@ def _check(path: str, options: Options, result: FileResult) -> None:
         deep = too_deep(result.path, text)
         raise _located(deep.line, deep.message, result.path, book) from None
     result.findings = [_in_cell(f, book) for f in findings] if book else findings
+    result.unchecked = engine.trains_alone(text) and UnconvertedTraining not in rules
 
 
 def _located(line: int, message: str, path: str, book: notebook.Notebook | None) -> SourceError:

@@ -130,6 +130,47 @@ def test_bad_input_is_one_line_exit_2_and_other_files_still_linted(
     assert "Traceback" not in result.err
 
 
+def test_a_syntax_error_is_an_error_also_where_no_rule_reads(lint_cli, tmp_path: Path) -> None:
+    """The torch prefilter skips files no rule can read, but not their syntax errors (Ruff
+    reports them everywhere); syntax newer than this Python, which libcst reads, still passes."""
+    plain = tmp_path / "plain.py"
+    plain.write_text("def f(:\n    pass\n")
+    newer = tmp_path / "newer.py"
+    newer.write_text("type Pair = tuple[int, int]\n")
+    result = lint_cli(str(plain), str(newer))
+    assert (result.code, result.err) == (2, f"{plain}:1: syntax error: invalid syntax\n")
+
+
+def test_a_plain_training_script_passes_with_a_note_that_nothing_multi_process_ran(
+    lint_cli, buggy: Path, tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch\nloss = model(x).sum()\nloss.backward()\n")
+    result = lint_cli(str(plain))
+    assert result.code == 0
+    assert result.out.splitlines() == [
+        "All checks passed!",
+        "Note: 1 file trains with no Accelerator in it, where the multi-process rules have "
+        "nothing to read (accel-convert converts such scripts; --select ACL210 lists what it "
+        "would leave alone).",
+    ]
+    (tmp_path / "other.py").write_text(plain.read_text())
+    assert "Note: 2 files train with no Accelerator in them" in lint_cli(str(tmp_path)).out
+    # Accelerate code, and a run that reads plain scripts with ACL210, get no note.
+    assert "Note" not in lint_cli(str(buggy)).out
+    assert lint_cli(str(plain), "--select", "ACL210").out == "All checks passed!\n"
+
+
+def test_quiet_prints_findings_only(lint_cli, buggy: Path, tmp_path: Path) -> None:
+    loud, quiet = lint_cli(str(buggy)), lint_cli(str(buggy), "-q")
+    assert quiet.code == loud.code == 1
+    assert quiet.out.splitlines() == loud.out.splitlines()[:-1]  # less "Found 2 problems ..."
+    assert quiet.out.count(": ACL") == 2
+    clean = tmp_path / "clean.py"
+    clean.write_text("import torch\n")
+    assert lint_cli(str(clean), "--quiet").out == ""
+
+
 def test_jobs_give_the_same_findings(lint_cli) -> None:
     paths = [str(FIXTURES / n) for n in ("planted.py", "clean_train.py", "notebook.ipynb")]
     one = lint_cli(*paths, "--output-format", "json")
