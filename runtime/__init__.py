@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .checkpoint import load_checkpoint_in_model
     from .config import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
-    from .data import skip_first_batches
+    from .data import send_to_device, skip_first_batches
     from .deepspeed_placeholders import DummyOptim, DummyScheduler
     from .handlers import (
         AutocastKwargs,
@@ -29,8 +29,17 @@ if TYPE_CHECKING:
         InitProcessGroupKwargs,
     )
     from .launch.notebook import notebook_launcher
-    from .ops import broadcast, gather, gather_object, pad_across_processes, reduce
-    from .rng import set_seed
+    from .logging import get_logger
+    from .memory import find_executable_batch_size, release_memory
+    from .ops import (
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+    )
+    from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
     from .state import AcceleratorState, DistributedType, PartialState
 
 _HOMES = {
@@ -47,15 +56,23 @@ _HOMES = {
     "InitProcessGroupKwargs": "handlers",
     "PartialState": "state",
     "ProjectConfiguration": "config",
+    "RNGType": "rng",
     "broadcast": "ops",
+    "broadcast_object_list": "ops",
+    "find_executable_batch_size": "memory",
     "gather": "ops",
     "gather_object": "ops",
+    "get_logger": "logging",
     "load_checkpoint_in_model": "checkpoint",
     "notebook_launcher": "launch.notebook",
     "pad_across_processes": "ops",
     "reduce": "ops",
+    "release_memory": "memory",
+    "send_to_device": "data",
     "set_seed": "rng",
     "skip_first_batches": "data",
+    "synchronize_rng_state": "rng",
+    "synchronize_rng_states": "rng",
 }
 __all__ = [
     "Accelerator",
@@ -71,15 +88,23 @@ __all__ = [
     "InitProcessGroupKwargs",
     "PartialState",
     "ProjectConfiguration",
+    "RNGType",
     "broadcast",
+    "broadcast_object_list",
+    "find_executable_batch_size",
     "gather",
     "gather_object",
+    "get_logger",
     "load_checkpoint_in_model",
     "notebook_launcher",
     "pad_across_processes",
     "reduce",
+    "release_memory",
+    "send_to_device",
     "set_seed",
     "skip_first_batches",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
 ]
 
 

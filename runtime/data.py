@@ -47,9 +47,27 @@ _LOADER_ARGS = (
 )
 
 
-def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor in a batch (nested in any container) to ``device``."""
-    return ops.apply(lambda tensor: tensor.to(device, non_blocking=non_blocking), data)
+def send_to_device(
+    tensor: Any,
+    device: torch.device | str | int,
+    non_blocking: bool = False,
+    skip_keys: str | Sequence[str] | None = None,
+) -> Any:
+    """Move every tensor in a batch (nested in any container) to ``device``.
+
+    HF Accelerate's ``accelerate.utils.send_to_device``: anything with a ``.to`` method (a
+    tokenizer's ``BatchEncoding``, a module) is moved by it, and mapping values under
+    ``skip_keys`` stay where they are, at any depth.
+    """
+    skipped = (skip_keys,) if isinstance(skip_keys, str) else tuple(skip_keys or ())
+
+    def _move(item: Any) -> Any:
+        try:
+            return item.to(device, non_blocking=non_blocking)
+        except TypeError:  # a custom ``.to`` without ``non_blocking``, which HF also retries
+            return item.to(device)
+
+    return ops.apply(_move, tensor, is_leaf=lambda item: hasattr(item, "to"), skip_keys=skipped)
 
 
 class _Position:

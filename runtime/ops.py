@@ -1,7 +1,8 @@
 """Collectives over nested data (tensors inside lists, tuples, mappings, dataclasses).
 
-``gather``, ``gather_object``, ``broadcast``, ``pad_across_processes`` and ``reduce`` are also
-public (``accelify.runtime``), as HF Accelerate's ``accelerate.utils`` functions of those names.
+``gather``, ``gather_object``, ``broadcast``, ``broadcast_object_list``, ``pad_across_processes``
+and ``reduce`` are also public (``accelify.runtime``), as HF Accelerate's ``accelerate.utils``
+functions of those names.
 
 Each op is a thin walk over the structure around one torch.distributed call; on a single process
 they return their input (``reduce`` a copy) and never touch torch.distributed.
@@ -18,19 +19,34 @@ import torch
 import torch.distributed as dist
 
 
-def apply(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
-    """Rebuild ``data`` with ``fn`` applied to every tensor in it, keeping container types."""
-    if isinstance(data, torch.Tensor):
+def apply(
+    fn: Callable[[Any], Any],
+    data: Any,
+    *,
+    is_leaf: Callable[[Any], bool] | None = None,
+    skip_keys: tuple = (),
+) -> Any:
+    """Rebuild ``data`` with ``fn`` applied to every tensor in it, keeping container types.
+
+    ``is_leaf`` widens what counts as a leaf (``send_to_device`` moves anything with ``.to``);
+    values under ``skip_keys`` in any mapping are kept as they are.
+    """
+    if isinstance(data, torch.Tensor) or (is_leaf is not None and is_leaf(data)):
         return fn(data)
+
+    def _apply(item: Any) -> Any:
+        return apply(fn, item, is_leaf=is_leaf, skip_keys=skip_keys)
+
     if isinstance(data, (list, tuple)):
-        items = [apply(fn, item) for item in data]
+        items = [_apply(item) for item in data]
         return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {key: apply(fn, value) for key, value in data.items()})
+        values = {k: v if k in skip_keys else _apply(v) for k, v in data.items()}
+        return _rebuild_mapping(data, values)
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         fields = dataclasses.fields(data)
         return dataclasses.replace(
-            data, **{f.name: apply(fn, getattr(data, f.name)) for f in fields if f.init}
+            data, **{f.name: _apply(getattr(data, f.name)) for f in fields if f.init}
         )
     return data
 
@@ -117,6 +133,17 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     if is_distributed():
         apply(lambda tensor: dist.broadcast(tensor, src=from_process), data)
     return data
+
+
+def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
+    """Replace, in place, every process's picklable objects with those of ``from_process``.
+
+    HF Accelerate's ``accelerate.utils.broadcast_object_list``; the list's length must be the
+    same on every process (torch pickles item by item into it). Returns the same list.
+    """
+    if is_distributed():
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
 
 
 def pad_across_processes(

@@ -23,7 +23,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "runtime" / "train_t
 SAMPLES = 22
 
 
-def _run(out: Path, *args: str, processes: int = 1, env: dict | None = None) -> None:
+def _run(
+    out: Path, *args: str, processes: int = 1, env: dict | None = None, script: Path = SCRIPT
+) -> None:
     launcher = [sys.executable]
     if processes > 1:
         # --standalone lets the agent bind a free port itself: a port picked here could be
@@ -33,7 +35,7 @@ def _run(out: Path, *args: str, processes: int = 1, env: dict | None = None) -> 
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_"))}
     variables.update(OMP_NUM_THREADS="1", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", **(env or {}))
     result = subprocess.run(
-        [*launcher, str(SCRIPT), str(out), *args],
+        [*launcher, str(script), str(out), *args],
         env=variables,
         capture_output=True,
         text=True,
