@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
     from .state import AcceleratorState, DistributedType, PartialState
+    from .tracking import GeneralTracker, LoggerType
 
 _HOMES = {
     "Accelerator": "accelerator",
@@ -51,9 +52,11 @@ _HOMES = {
     "DistributedType": "state",
     "DummyOptim": "deepspeed_placeholders",
     "DummyScheduler": "deepspeed_placeholders",
+    "GeneralTracker": "tracking",
     "GradScalerKwargs": "handlers",
     "GradientAccumulationPlugin": "config",
     "InitProcessGroupKwargs": "handlers",
+    "LoggerType": "tracking",
     "PartialState": "state",
     "ProjectConfiguration": "config",
     "RNGType": "rng",
@@ -83,9 +86,11 @@ __all__ = [
     "DistributedType",
     "DummyOptim",
     "DummyScheduler",
+    "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
+    "LoggerType",
     "PartialState",
     "ProjectConfiguration",
     "RNGType",

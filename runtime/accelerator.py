@@ -1,8 +1,9 @@
 """``Accelerator``: HF Accelerate's public API as a thin front over separate pieces.
 
 Process state (``state.py``), the distribution backend (``strategies/``), mixed precision
-(``precision.py``), data loading (``data.py``), stepping (``optim.py``), collectives (``ops.py``)
-and checkpoints (``checkpoint.py``) each live in their own module; this class only routes calls.
+(``precision.py``), data loading (``data.py``), stepping (``optim.py``), collectives (``ops.py``),
+checkpoints (``checkpoint.py``) and experiment trackers (``tracking.py``) each live in their own
+module; this class only routes calls.
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ from torch.distributed.algorithms import Join
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint, config, data, handlers, ops, precision, replicas, state, strategies
+from . import (
+    checkpoint,
+    config,
+    data,
+    handlers,
+    ops,
+    precision,
+    replicas,
+    state,
+    strategies,
+    tracking,
+)
 from .deepspeed_placeholders import DummyOptim, DummyScheduler
 from .optim import PreparedOptimizer, PreparedScheduler
 from .state import DistributedType, ProcessState, StepState
@@ -41,6 +53,7 @@ class Accelerator:
         dataloader_config: config.DataLoaderConfiguration | None = None,
         *,
         even_batches: bool | None = None,
+        log_with: tracking.LogWith = None,
         project_dir: str | None = None,
         project_config: config.ProjectConfiguration | None = None,
         gradient_accumulation_plugin: config.GradientAccumulationPlugin | None = None,
@@ -62,6 +75,8 @@ class Accelerator:
         self.project_configuration = project_config or config.ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
+        self.log_with = tracking.select(log_with, self.logging_dir)
+        self.trackers: list[tracking.GeneralTracker] = []
         self.strategy = strategies.select(self.state, **options["ddp"])
         self.precision = precision.select(
             "no" if self.strategy.owns_precision else self.mixed_precision,
@@ -120,6 +135,10 @@ class Accelerator:
     @property
     def project_dir(self) -> str | None:
         return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
 
     @property
     def save_iteration(self) -> int:
@@ -569,9 +588,35 @@ class Accelerator:
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         return data.skip_first_batches(dataloader, num_batches)
 
+    # -- experiment tracking (tracking.py) ------------------------------------------------------
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start a run in every ``log_with`` tracker, on the main process only; ``config`` is
+        stored as its hyperparameters, ``init_kwargs`` maps a tracker's name to its options."""
+        if self.is_main_process:
+            self.trackers += tracking.start(
+                self.log_with, project_name, self.logging_dir, config, init_kwargs
+            )
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (with ``unwrap``, its library's run or writer); on the
+        other processes a blank tracker whose methods do nothing."""
+        return tracking.find(self.trackers, name, unwrap)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log ``values`` at ``step`` to every tracker, on the main process only;
+        ``log_kwargs`` maps a tracker's name to extra options for its ``log``."""
+        if self.is_main_process:
+            for tracker in self.trackers:
+                tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
     def end_training(self) -> None:
-        """Tear down the process group once every process got here; a new ``Accelerator`` may
-        be created afterwards."""
+        """Finish the trackers, then tear down the process group once every process got here;
+        a new ``Accelerator`` may be created afterwards."""
+        for tracker in self.trackers:
+            tracker.finish()
         state.reset(
             where=f"end_training() at {caller_line()}",
             last_check=lambda: self._check_replicas("at end_training"),
