@@ -63,6 +63,7 @@ Examples:
   accel-convert train.py -o train_accel.py   write it to a new file
   accel-convert --diff scripts/              review the changes as a unified diff
   accel-convert --check scripts/             CI: exit 1 if anything would change
+  accel-convert --check --strict scripts/    ... or if anything needs a human
   accel-convert --inplace -j 0 scripts/      rewrite in place on all cores
   accel-convert --target accelerate --mixed-precision bf16 - < train.py
 """
@@ -84,6 +85,14 @@ def _command(  # typer passes every parameter by name
     ] = False,
     check: Annotated[
         bool, typer.Option("--check", help="Only report; exit 1 if a file would change.")
+    ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="With --check/--diff: exit 1 also for places to finish by hand, which otherwise "
+            "pass (a script accel-convert leaves alone is not a change).",
+        ),
     ] = False,
     output: Annotated[
         str | None,
@@ -151,7 +160,9 @@ def _command(  # typer passes every parameter by name
     if output_format == "github" and mode != "check":
         return term.usage_error(PROG, "--output-format github goes with --check")
     options = Options(target, mixed_precision, gradient_accumulation_steps)
-    report = _Report(quiet=quiet, mode=mode, github=output_format == "github")
+    if strict and mode not in ("check", "diff"):
+        return term.usage_error(PROG, "--strict goes with --check or --diff")
+    report = _Report(quiet=quiet, mode=mode, github=output_format == "github", strict=strict)
     names = list(iter_paths(paths, _walked_suffixes(mode)))
     # Each file is read where it is converted, so a run holds one file's text at a time, not
     # every file's (1,000 files: 28 MB more). Only a worker process cannot read standard input.
@@ -322,8 +333,8 @@ class _Report:
     ``path:line`` opens the code the note is about (with the input's line where it moved).
     """
 
-    def __init__(self, *, quiet: bool, mode: Mode, github: bool) -> None:
-        self.quiet, self.mode, self.github = quiet, mode, github
+    def __init__(self, *, quiet: bool, mode: Mode, github: bool, strict: bool) -> None:
+        self.quiet, self.mode, self.github, self.strict = quiet, mode, github, strict
         self.dry = mode in ("diff", "check")
         self.err = term.console(stderr=True)
         self.changed = self.manual = self.errors = self.skipped_files = 0
@@ -381,7 +392,8 @@ class _Report:
     def exit_code(self) -> int:
         if self.errors:
             return term.EXIT_ERROR
-        return term.EXIT_FOUND if self.dry and self.changed else term.EXIT_OK
+        found = self.changed or (self.strict and self.manual)
+        return term.EXIT_FOUND if self.dry and found else term.EXIT_OK
 
 
 def _where(result: Result, line: int, moved: LineMap | None) -> tuple[str, str]:

@@ -338,6 +338,30 @@ def test_check_reports_without_writing_and_exits_1_on_changes(engine: list[Optio
     assert run("--check", "b.py").exit_code == 0
 
 
+def test_strict_check_fails_on_places_to_finish_by_hand() -> None:
+    """A script left unchanged with a reason passes --check (nothing would change); CI that
+    wants every script converted gates on --strict. The real converter decides here."""
+    write(
+        "flag.py",
+        "import torch\n\nmodel = torch.nn.Linear(2, 1)\nif use_sgd:\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in torch.randn(8, 2).split(2):\n    model(x).sum().backward()\n"
+        "    optimizer.step()\n",
+    )
+    write("done.py", "import torch\nfrom accelify.runtime import Accelerator\n")
+    loose, strict = run("--check", "flag.py"), run("--check", "--strict", "flag.py")
+    assert (loose.exit_code, strict.exit_code) == (0, 1)
+    assert strict.stderr == loose.stderr
+    assert "flag.py:5: needs a human: left unchanged: optimizer is not built" in strict.stderr
+    assert run("--check", "--strict", "done.py").exit_code == 0
+    assert run("--diff", "--strict", "flag.py").exit_code == 1
+    wrong = run("--strict", "flag.py")
+    assert (wrong.exit_code, wrong.stderr) == (
+        2,
+        "accel-convert: error: --strict goes with --check or --diff\n",
+    )
+
+
 def test_diff_is_git_style_plain_in_a_pipe_and_coloured_on_a_terminal(
     engine: list[Options],
 ) -> None:
