@@ -21,7 +21,7 @@ from accelify.transform.analysis import key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.setup import BACKWARD, Refused, step_order, stepped_optimizers
-from accelify.transform.steps.backward import to_accelerator_backward
+from accelify.transform.steps.backward import swapped, to_accelerator_backward
 from accelify.transform.walk import nodes
 
 _AUTOCASTS = frozenset({"autocast"})
@@ -171,4 +171,4 @@ def _rewrite_scaler_call(plan: Plan, call: cst.Call) -> None:
                     acc, node.with_changes(func=node.func.with_changes(value=loss))
                 ),
             )
-            plan.changed(call, "scaler.scale(loss).backward() -> accelerator.backward(loss)")
+            plan.changed(call, swapped(a.module, call, loss))

@@ -37,7 +37,7 @@ def backward(plan: Plan) -> None:
             raise Refused(call, f"{dotted_name(call.func)}(...): convert by hand")
         accelerator = plan.accelerator(call)
         plan.edits.replace(call, lambda node, acc=accelerator: to_accelerator_backward(acc, node))
-        plan.changed(call, "loss.backward() -> accelerator.backward(loss)")
+        plan.changed(call, swapped(a.module, receiver, receiver))
 
 
 def _is_scaled(plan: Plan, scope: Scope, receiver: cst.BaseExpression) -> bool:
@@ -45,3 +45,17 @@ def _is_scaled(plan: Plan, scope: Scope, receiver: cst.BaseExpression) -> bool:
     scale = method_call(receiver, "scale")
     key = key_of(scale.func.value) if scale is not None else None  # type: ignore[union-attr]
     return key is not None and plan.analysis.role(scope, key) is Role.SCALER
+
+
+def swapped(module: cst.Module, receiver: cst.BaseExpression, loss: cst.BaseExpression) -> str:
+    """The report of ``receiver.backward()`` becoming ``accelerator.backward(loss)``, in the
+    script's own names (``errD_real.backward()``, not a generic ``loss``)."""
+    called = _one_line(module.code_for_node(receiver))
+    argument = _one_line(module.code_for_node(loss.with_changes(lpar=[], rpar=[])))
+    return f"{called}.backward() -> accelerator.backward({argument})"
+
+
+def _one_line(code: str) -> str:
+    """``code`` as a report quotes it: one line, long ones cut in the middle."""
+    flat = " ".join(code.split())
+    return flat if len(flat) <= 40 else f"{flat[:18]}...{flat[-18:]}"
