@@ -25,6 +25,7 @@ def save(plan: Plan) -> None:
     a = plan.analysis
     models = set(setup.models(a))
     saved_at: list[cst.CSTNode] = []
+    waited: set[int] = set()  # saves a wait_for_everyone() runs just before
     for call, scope in plan.training_calls():
         if not a.names.refers_to(call.func, ("torch",), "save") or len(call.args) < 2:
             continue
@@ -47,19 +48,32 @@ def save(plan: Plan) -> None:
         if not holds:
             plan.changed(call, "torch.save -> accelerator.save (main process only)")
             continue
-        if rank_safe(plan, statement):  # type: ignore[arg-type]
+        if _wait_before(plan, statement, waited):  # type: ignore[arg-type]
             wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")
             # Blank lines and comments above the save now sit above the pair.
             wait = wait.with_changes(leading_lines=statement.leading_lines)  # type: ignore[union-attr]
             plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
             plan.edits.replace(statement, lambda node: node.with_changes(leading_lines=()))  # type: ignore[arg-type]
         plan.changed(call, "torch.save -> accelerator.save of the unwrapped model")
-    saved_at += _save_pretrained(plan, models)
+    saved_at += _save_pretrained(plan, models, waited)
     if saved_at:
         _wait_before_loads(plan, saved_at)
 
 
-def _save_pretrained(plan: Plan, models: set[str]) -> list[cst.CSTNode]:
+def _wait_before(plan: Plan, statement: cst.BaseStatement, waited: set[int]) -> bool:
+    """Whether a save needs its own ``wait_for_everyone()``: not where only some processes would
+    reach it, nor right after another save that has one (nothing trains in between: DCGAN's two
+    saves got a wait each)."""
+    if not rank_safe(plan, statement):
+        return False
+    waited.add(id(statement))
+    block = plan.analysis.parent(statement)
+    body = list(getattr(block, "body", ()))
+    index = next((i for i, s in enumerate(body) if s is statement), 0)
+    return index == 0 or id(body[index - 1]) not in waited
+
+
+def _save_pretrained(plan: Plan, models: set[str], waited: set[int]) -> list[cst.CSTNode]:
     """``model.save_pretrained(path)`` of a prepared model (unwrapped by the unwrap step) writes
     on the main process only, through the accelerator, once every process is done (HF's own
     form)."""
@@ -84,7 +98,7 @@ def _save_pretrained(plan: Plan, models: set[str]) -> list[cst.CSTNode]:
         ]
         plan.edits.replace(call, lambda node, extra=extra: _with_args(node, extra))
         statement = a.statement_of(call)
-        if rank_safe(plan, statement):  # type: ignore[arg-type]
+        if _wait_before(plan, statement, waited):  # type: ignore[arg-type]
             plan.edits.insert_before(statement, plan.statement(f"{code}.wait_for_everyone()\n"))  # type: ignore[arg-type]
         plan.changed(call, "save_pretrained writes on the main process, once every process is done")
         saved.append(call)
