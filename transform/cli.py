@@ -358,7 +358,7 @@ class _Report:
             self.manual += note.manual
             if self.quiet and not note.manual:
                 continue
-            line, was = _where(result, note.line, moved)
+            line, was = _where(result, note.line, moved, note.shows)
             tag = ("needs a human: ", "yellow") if note.manual else ""
             where = (f"{written or path}:{line}: ", "bold")
             self.err.print(term.styled(self.err, where, tag, note.message, was))
@@ -396,15 +396,23 @@ class _Report:
         return term.EXIT_FOUND if self.dry and found else term.EXIT_OK
 
 
-def _where(result: Result, line: int, moved: LineMap | None) -> tuple[str, str]:
+def _where(
+    result: Result, line: int, moved: LineMap | None, shows: str | None = None
+) -> tuple[str, str]:
     """A note's ``line`` (``cell N:line`` in a notebook), moved into the written file when
-    ``moved`` is given, and where it was if it moved."""
+    ``moved`` is given, and where it was if it moved; a line the change wrote (``shows``) is
+    where it is, and was nowhere."""
     if isinstance(result, NotebookResult):
         cell, at = result.place(line)
         new_cell, new_at = result.place(line, written=moved is not None)
         was = f" (was cell {cell}:{at})" if (new_cell, new_at) != (cell, at) else ""
         return f"cell {new_cell}:{new_at}", was
-    new = moved.new_line(line) if moved is not None else line
+    if moved is None:
+        return str(line), ""
+    written = moved.written_line(line, shows) if shows else None
+    if written is not None:
+        return str(written), ""
+    new = moved.new_line(line)
     return str(new), f" (was line {line})" if new != line else ""
 
 

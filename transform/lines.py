@@ -95,6 +95,16 @@ class LineMap:
             return 1 + max(range(j1, j2), key=lambda j: _similarity(text, self.new[j].strip()))
         return line  # past the end (a note at EOF)
 
+    def written_line(self, line: int, start: str, reach: int = 10) -> int | None:
+        """The line of ``after`` nearest to where line ``line`` of ``before`` went that starts
+        (indentation aside) with ``start``: a line a change inserted next to it."""
+        near = self.new_line(line) - 1
+        for distance in range(reach + 1):
+            for index in (near - distance, near + distance):
+                if 0 <= index < len(self.new) and self.new[index].lstrip().startswith(start):
+                    return index + 1
+        return None
+
     def hunks(self) -> list[tuple[int, int, list[str], list[str]]]:
         """``(first, last, removed, added)`` per changed block; lines of ``before``, 1-based.
 

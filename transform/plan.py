@@ -59,6 +59,9 @@ class Note:
     info: bool = False
     # The accel-lint rule that flags what a manual note leaves behind (see ``NOTE_RULES``).
     code: str | None = field(default=None, compare=False)
+    # The start of a line the change wrote: where a report on the written file points (the
+    # inserted line, not the input line it went next to).
+    shows: str | None = field(default=None, compare=False)
     node: cst.CSTNode | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -93,8 +96,9 @@ class Plan:
     unwrapped: set[int] = field(default_factory=set)  # ids of step ``if``s dissolved into it
     shadowed: set[str] = field(default_factory=set)  # module devices given a local in the setup
 
-    def changed(self, node: cst.CSTNode, message: str) -> None:
-        self.notes.append(Note(self.analysis.line(node), message))
+    def changed(self, node: cst.CSTNode, message: str, shows: str | None = None) -> None:
+        """A change next to ``node``; ``shows``: the start of the line it wrote, if it wrote one."""
+        self.notes.append(Note(self.analysis.line(node), message, shows=shows))
 
     def needs_human(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message, manual=True, node=node))

@@ -266,6 +266,26 @@ def test_real_conversion_reports_the_written_lines_of_its_rewrites() -> None:
     assert "(was line " in result.stderr  # the file grew: some notes moved
 
 
+def test_notes_of_inserted_lines_name_those_lines_after_writing() -> None:
+    """The import, the accelerator and the prepare() call are new lines: their notes name where
+    they were written, not the input line they went next to, and were nowhere before."""
+    write("mnist.py", (CASES_DIR / "mnist.in.py").read_text())
+    result = run("mnist.py", "-o", "out.py")
+    lines = Path("out.py").read_text().splitlines()
+    inserted = {
+        "imported Accelerator from the runtime": "from accelify.runtime import Accelerator",
+        "created accelerator": "accelerator = Accelerator(",
+        "prepared model, optimizer, train_loader, scheduler with accelerator.prepare()": (
+            "model, optimizer, train_loader, scheduler = accelerator.prepare("
+        ),
+    }
+    notes = dict(reversed(line.split(": ", 1)) for line in result.stderr.splitlines()[:-1])
+    for message, code in inserted.items():
+        where = notes[message]
+        assert where.startswith("out.py:"), where  # and no "(was line N)" after the message
+        assert lines[int(where.split(":")[1]) - 1].strip().startswith(code), (message, where)
+
+
 def test_check_with_github_output_annotates_changes_and_needs_a_human(
     engine: list[Options],
 ) -> None:

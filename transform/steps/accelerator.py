@@ -210,7 +210,9 @@ def _create(plan: Plan) -> None:
         _insert_paragraph(plan, anchor, statement)
     else:
         plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
-    plan.changed(anchor or point.previous, f"created {setup.accelerator}")  # type: ignore[arg-type]
+    plan.changed(  # type: ignore[arg-type]
+        anchor or point.previous, f"created {setup.accelerator}", shows=code.split("(")[0] + "("
+    )
 
 
 def _insert_paragraph(plan: Plan, anchor: cst.BaseStatement, statement: cst.BaseStatement) -> None:
@@ -260,7 +262,10 @@ def _import(plan: Plan) -> None:
         if where is None:
             return
         plan.edits.insert_before(where, *statements, first=True)
-    plan.changed(where, f"imported {', '.join(sorted(plan.imports - present))} from the runtime")
+    names = ", ".join(sorted(plan.imports - present))
+    plan.changed(
+        where, f"imported {names} from the runtime", shows=f"from {next(iter(by_module))} "
+    )
 
 
 def _leading(module: cst.Module) -> list[cst.BaseStatement]:

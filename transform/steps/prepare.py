@@ -44,7 +44,11 @@ def prepare(plan: Plan) -> None:
         plan.edits.insert_after(point.previous, statement)
     else:
         plan.edits.insert_before(where, statement)  # type: ignore[arg-type]
-    plan.changed(where, f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()")  # type: ignore[arg-type]
+    plan.changed(  # type: ignore[arg-type]
+        where,
+        f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()",
+        shows=_prepare_code(keys, setup.accelerator, 0).split("(")[0],
+    )
     for key, binding in setup.kept_loaders.items():
         plan.info(
             binding.node,

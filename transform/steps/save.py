@@ -68,9 +68,20 @@ def _wait_before(plan: Plan, statement: cst.BaseStatement, waited: set[int]) -> 
         return False
     waited.add(id(statement))
     block = plan.analysis.parent(statement)
-    body = list(getattr(block, "body", ()))
-    index = next((i for i, s in enumerate(body) if s is statement), 0)
-    return index == 0 or id(body[index - 1]) not in waited
+    before = list(getattr(block, "body", ()))
+    before = before[: next((i for i, s in enumerate(before) if s is statement), 0)]
+    while before and _does_nothing(before[-1]):  # a notebook's cell marker, a stray string
+        before.pop()
+    return not before or id(before[-1]) not in waited
+
+
+def _does_nothing(statement: cst.BaseStatement) -> bool:
+    """A line of bare strings (a docstring's form)."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, cst.Expr)
+        and isinstance(small.value, cst.SimpleString | cst.ConcatenatedString)
+        for small in statement.body
+    )
 
 
 def _save_pretrained(plan: Plan, models: set[str], waited: set[int]) -> list[cst.CSTNode]:
