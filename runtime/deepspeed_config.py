@@ -2,9 +2,10 @@
 
 It is the user's JSON file, or one built from the launch options (``--zero-stage`` ...) when there
 is none. ``"auto"`` values are filled from the launch options and the script (the prepared
-loader's batch size, the Accelerator's accumulation steps and mixed precision), as HF Accelerate
-does. A value given in two places with different values is an error naming both: nothing is
-chosen silently. Plain Python (no deepspeed, no torch) so accel-run checks the same rules.
+loader's batch size, the Accelerator's accumulation steps and mixed precision, the model's
+``config.hidden_size``), as HF Accelerate does; one nothing can fill is an error naming it. A
+value given in two places with different values is an error naming both: nothing is chosen
+silently. Plain Python (no deepspeed, no torch) so accel-run checks the same rules.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ OPTION_ENV = {
     "gradient_accumulation_steps": "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     "zero3_save_16bit_model": "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
 }
+# What HF Accelerate's launcher puts in an "auto" value when the launch leaves the option out.
+LAUNCH_DEFAULTS = {
+    "zero_optimization.stage": 2,
+    "zero_optimization.offload_optimizer.device": "none",
+    "zero_optimization.offload_param.device": "none",
+    "zero_optimization.offload_optimizer.nvme_path": "none",
+    "zero_optimization.offload_param.nvme_path": "none",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
+}
+# Config keys HF Accelerate fills from the model's hidden size h: h*h, 0.9*h*h, 10*h.
+HIDDEN_SIZE_KEYS = (
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+)
 CONFIG_FILE_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
@@ -114,8 +130,9 @@ def merge_options(
 ) -> dict[str, Any]:
     """The config with the launch options in it; ``config=None`` builds one from them alone.
 
-    An option fills a missing or ``"auto"`` value; one that differs from an explicit value in
-    the file ``where`` is refused with both named.
+    An option fills a missing or ``"auto"`` value (an ``"auto"`` no option fills takes HF's
+    launch default); one that differs from an explicit value in the file ``where`` is refused
+    with both named.
     """
     if config is None:
         merged: dict[str, Any] = {"train_batch_size": AUTO, "train_micro_batch_size_per_gpu": AUTO}
@@ -134,7 +151,35 @@ def merge_options(
             conflicts.append(f"{key}={current!r} in {where} but {name}={value!r} in the launch")
     if conflicts:
         raise ValueError(f"conflicting DeepSpeed settings: {'; '.join(conflicts)}")
+    for key, value in LAUNCH_DEFAULTS.items():
+        if get(merged, key) == AUTO:
+            _put(merged, key, value)
     return merged
+
+
+def micro_batch_size(
+    batch_sizes: Sequence[int | None], num_processes: int, split_batches: bool
+) -> int | None:
+    """The per-process batch of the loaders prepared with the model, as HF Accelerate picks it.
+
+    The smallest (HF's ``is_train_batch_min``: the training loader's, next to a larger evaluation
+    one), split over the processes with ``split_batches``; ``None`` when a loader has no integer
+    ``batch_size`` or none was prepared.
+    """
+    if not batch_sizes or None in batch_sizes:
+        return None
+    smallest = min(batch_sizes)  # type: ignore[type-var]
+    return smallest // num_processes if split_batches else smallest
+
+
+def hidden_size_of(model: Any) -> int | None:
+    """``model.config.hidden_size`` (or the largest of ``hidden_sizes``), HF's source for
+    :data:`HIDDEN_SIZE_KEYS`; ``None`` for a model without one."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "hidden_size"):
+        return config.hidden_size
+    sizes = getattr(config, "hidden_sizes", None)
+    return max(sizes) if sizes else None
 
 
 class Fill(NamedTuple):
@@ -164,12 +209,14 @@ def fill_from_script(
     accumulation_steps: int,
     num_processes: int,
     mixed_precision: str,
+    hidden_size: int | None = None,
     declared: Sequence[Fill] = (),
 ) -> dict[str, Any]:
     """Fill what only the script knows; refuse explicit config values the script contradicts.
 
-    ``declared`` are the values the script's placeholders carry for a config-declared optimizer
-    and scheduler (:func:`placeholder_fills`); they fill only keys the config has.
+    ``hidden_size`` is the model's (:func:`hidden_size_of`). ``declared`` are the values the
+    script's placeholders carry for a config-declared optimizer and scheduler
+    (:func:`placeholder_fills`); they fill only keys the config has.
     """
     filled = json.loads(json.dumps(config))
     conflicts: list[str] = []
@@ -185,7 +232,8 @@ def fill_from_script(
     if micro_batch_size is None and get(filled, "train_micro_batch_size_per_gpu") in (None, AUTO):
         raise ValueError(
             "DeepSpeed needs the micro-batch size: pass the training DataLoader to the same "
-            "prepare() call as the model, or set train_micro_batch_size_per_gpu in the config"
+            "prepare() call as the model (with an integer batch_size), or set "
+            "train_micro_batch_size_per_gpu in the config"
         )
     _settle(
         filled,
@@ -203,10 +251,12 @@ def fill_from_script(
     )
     _settle(filled, total, conflicts)
     _fill_precision(filled, mixed_precision, conflicts)
-    if get(filled, "gradient_clipping") in (None, AUTO):
-        # No clipping unless asked: DeepSpeed's own default (and HF's "auto") clip at 1.0, which
-        # would train a script that never clips differently from DDP.
-        filled["gradient_clipping"] = 0.0
+    clipping = get(filled, "gradient_clipping")
+    if clipping in (None, AUTO):
+        # An "auto" the launch left clips at 1.0, as in HF; no value at all means no clipping
+        # (DeepSpeed's default), so a script that never clips trains as under DDP.
+        filled["gradient_clipping"] = 1.0 if clipping == AUTO else 0.0
+    _fill_from_hidden_size(filled, hidden_size)
     for fill in declared:
         if get(filled, fill.key) is not None:
             _settle(filled, fill, conflicts)
@@ -246,6 +296,7 @@ def placeholder_fills(
         if total is not None and not split_batches:
             total = math.ceil(total / num_processes)
         warmup = scheduler.warmup_num_steps
+        warmup = None if warmup is None else max(1, warmup)
         fills += [
             # DeepSpeed refuses 0 warm-up steps; 1 is the shortest warm-up there is.
             Fill(
@@ -271,6 +322,24 @@ def _warm_up_to_the_optimizer_lr(config: dict[str, Any]) -> None:
     lr = get(config, "optimizer.params.lr")
     if get(config, "scheduler.params.warmup_max_lr") == AUTO and lr not in (None, AUTO):
         _put(config, "scheduler.params.warmup_max_lr", lr)
+
+
+def _fill_from_hidden_size(config: dict[str, Any], hidden_size: int | None) -> None:
+    """HF's ZeRO bucket sizes for :data:`HIDDEN_SIZE_KEYS` left ``"auto"``; without a hidden
+    size they cannot be filled, and a guess would silently change memory use and speed."""
+    wanted = [key for key in HIDDEN_SIZE_KEYS if get(config, key) == AUTO]
+    if not wanted:
+        return
+    if hidden_size is None:
+        raise ValueError(
+            f"DeepSpeed config values {wanted} are 'auto', which is filled from the model's "
+            "config.hidden_size (or config.hidden_sizes), and the model has none: replace "
+            "'auto' with an integer for these keys"
+        )
+    values = (hidden_size * hidden_size, int(0.9 * hidden_size * hidden_size), 10 * hidden_size)
+    for key, value in zip(HIDDEN_SIZE_KEYS, values, strict=True):
+        if key in wanted:
+            _put(config, key, value)
 
 
 def _fill_precision(config: dict[str, Any], mixed_precision: str, conflicts: list[str]) -> None:

@@ -118,13 +118,17 @@ class DeepSpeed(Strategy):
         _check_declared(config, where, optimizer, scheduler)
         if isinstance(optimizer, torch.optim.Optimizer):
             config["zero_allow_untested_optimizer"] = True  # any torch optimizer, as HF does
-        loaders = [o for o in objects if isinstance(o, DataLoader)]
+        batch_sizes = [o.batch_size for o in objects if isinstance(o, DataLoader)]
+        model = next(o for o in objects if isinstance(o, torch.nn.Module))
         return dsc.fill_from_script(
             config,
-            micro_batch_size=loaders[0].batch_size if loaders else None,
+            micro_batch_size=dsc.micro_batch_size(
+                batch_sizes, self.state.num_processes, training.split_batches
+            ),
             accumulation_steps=training.gradient_accumulation_steps,
             num_processes=self.state.num_processes,
             mixed_precision=training.mixed_precision,
+            hidden_size=dsc.hidden_size_of(model),
             declared=dsc.placeholder_fills(
                 optimizer,
                 scheduler if isinstance(scheduler, DummyScheduler) else None,
