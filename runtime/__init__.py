@@ -27,11 +27,13 @@ if TYPE_CHECKING:
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
+        ProfileKwargs,
     )
     from .launch.notebook import notebook_launcher
     from .logging import get_logger
     from .memory import find_executable_batch_size, release_memory
     from .ops import (
+        DistributedOperationException,
         broadcast,
         broadcast_object_list,
         gather,
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
         pad_across_processes,
         reduce,
     )
+    from .properties import FP8BackendType
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
     from .state import AcceleratorState, DistributedType, PartialState
     from .tracking import GeneralTracker, LoggerType
@@ -49,15 +52,18 @@ _HOMES = {
     "AutocastKwargs": "handlers",
     "DataLoaderConfiguration": "config",
     "DistributedDataParallelKwargs": "handlers",
+    "DistributedOperationException": "ops",
     "DistributedType": "state",
     "DummyOptim": "deepspeed_placeholders",
     "DummyScheduler": "deepspeed_placeholders",
+    "FP8BackendType": "properties",
     "GeneralTracker": "tracking",
     "GradScalerKwargs": "handlers",
     "GradientAccumulationPlugin": "config",
     "InitProcessGroupKwargs": "handlers",
     "LoggerType": "tracking",
     "PartialState": "state",
+    "ProfileKwargs": "handlers",
     "ProjectConfiguration": "config",
     "RNGType": "rng",
     "broadcast": "ops",
@@ -83,15 +89,18 @@ __all__ = [
     "AutocastKwargs",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
     "DistributedType",
     "DummyOptim",
     "DummyScheduler",
+    "FP8BackendType",
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "LoggerType",
     "PartialState",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
     "broadcast",

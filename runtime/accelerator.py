@@ -2,8 +2,9 @@
 
 Process state (``state.py``), the distribution backend (``strategies/``), mixed precision
 (``precision.py``), data loading (``data.py``), stepping (``optim.py``), collectives (``ops.py``),
-checkpoints (``checkpoint.py``) and experiment trackers (``tracking.py``) each live in their own
-module; this class only routes calls.
+checkpoints (``checkpoint.py``, with ``hooks.py``), experiment trackers (``tracking.py``),
+``torch.compile`` (``compiling.py``) and profiling (``profiling.py``) each live in their own
+module; this class only routes calls. Read-only properties live in the ``properties.py`` mixin.
 """
 
 from __future__ import annotations
@@ -19,15 +20,21 @@ import torch
 from torch.distributed.algorithms import Join
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from . import (
     checkpoint,
+    compiling,
     config,
     data,
     handlers,
+    hooks,
     ops,
     precision,
+    profiling,
+    properties,
     replicas,
+    rng,
     state,
     strategies,
     tracking,
@@ -40,7 +47,7 @@ from .uneven import WATCH, caller_line
 _DDP_KINDS = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)  # what strategies.DDP runs
 
 
-class Accelerator:
+class Accelerator(properties.SettingsFacts):
     """Prepare a training loop's objects and run it on one or many processes."""
 
     def __init__(  # noqa: PLR0917 (HF Accelerate's signature, positional args included)
@@ -52,6 +59,11 @@ class Accelerator:
         cpu: bool = False,
         dataloader_config: config.DataLoaderConfiguration | None = None,
         *,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: Sequence[str | rng.RNGType] | None = None,
         even_batches: bool | None = None,
         log_with: tracking.LogWith = None,
         project_dir: str | None = None,
@@ -59,12 +71,28 @@ class Accelerator:
         gradient_accumulation_plugin: config.GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Sequence[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
         sync_check: str | None = None,
     ) -> None:
         """HF Accelerate's arguments, plus ``sync_check`` (``off``, ``first`` or ``every:N``;
         default ``ACCELIFY_SYNC_CHECK``, else ``first``): when data-parallel processes compare
         their weights (``replicas.py``)."""
+        properties.unsupported_plugins(
+            deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins,
+            fsdp_plugin=fsdp_plugin,
+            torch_tp_plugin=torch_tp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config,
+        )
         options = handlers.collect(kwargs_handlers)
+        for kind, handler in handlers.given(kwargs_handlers).items():
+            setattr(self, f"{kind}_handler", handler)  # HF's ddp_handler, profile_handler, ...
+        self.rng_types = rng.checked_rng_types(rng_types)
+        self._compile = compiling.options(dynamo_backend, dynamo_plugin)
         self._sync_check = replicas.schedule(sync_check)
         self.state: ProcessState = state.process_state(config.use_cpu(cpu), options["init"])
         self.mixed_precision = config.mixed_precision(mixed_precision)
@@ -78,6 +106,8 @@ class Accelerator:
         self.log_with = tracking.select(log_with, self.logging_dir)
         self.trackers: list[tracking.GeneralTracker] = []
         self.strategy = strategies.select(self.state, **options["ddp"])
+        if self._compile and self.distributed_type == DistributedType.DEEPSPEED:
+            raise ValueError("dynamo_backend under DeepSpeed is not supported by accelify")
         self.precision = precision.select(
             "no" if self.strategy.owns_precision else self.mixed_precision,
             self.state.device,
@@ -91,58 +121,9 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[data.PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        self._state_hooks = hooks.StateHooks()
         self._optimizer_steps = 0  # real steps of all prepared optimizers, for the sync check
         self._check_due = ""  # when the replica check is due at the next backward: its "when"
-
-    # -- process facts -------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.project_configuration.iteration
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -239,7 +220,7 @@ class Accelerator:
         if _default(device_placement, self.device_placement) and not self.strategy.places_models:
             model.to(self.device)
         self.precision.wrap_forward(model)
-        wrapped = self.strategy.wrap_model(model)
+        wrapped = compiling.compile_model(self.strategy.wrap_model(model), self._compile)
         if self.num_processes > 1:
             WATCH.watch_forwards(wrapped)
         self._models.append(wrapped)
@@ -259,9 +240,22 @@ class Accelerator:
             non_blocking=self.dataloader_config.non_blocking,
             seedable_sampler=self.dataloader_config.use_seedable_sampler,
             data_seed=self.dataloader_config.data_seed,
+            rng_types=self.rng_types,
         )
         self._dataloaders.append(prepared)
         return prepared
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> PreparedOptimizer:
+        """``prepare`` for one optimizer (HF's method; ``prepare`` is the usual way)."""
+        return self._prepare_one(optimizer, _default(device_placement, self.device_placement))
+
+    def prepare_scheduler(self, scheduler: LRScheduler) -> PreparedScheduler:
+        """``prepare`` for one scheduler, after its optimizer."""
+        if isinstance(scheduler, PreparedScheduler):
+            return self._prepare_one(scheduler, self.device_placement)
+        return self._prepare_scheduler(scheduler)
 
     def _prepare_scheduler(self, scheduler: LRScheduler) -> PreparedScheduler:
         optimizers = [o for o in self._optimizers if o.wraps(scheduler.optimizer)]
@@ -538,12 +532,24 @@ class Accelerator:
             self._custom_objects,
             self.precision,
             self.strategy,
+            self._state_hooks,
         )
 
     def _checkpoints_root(self) -> Path:
         if self.project_dir is None:
             raise ValueError("automatic_checkpoint_naming needs a project_dir")
         return Path(self.project_dir) / "checkpoints"
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the weights are
+        written, on every process; weights it removes from the list are not saved.
+        ``output_dir`` is the folder being written, renamed into place once complete."""
+        return self._state_hooks.register_save(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in ``load_state`` before the weights are read;
+        models it removes from the list are not loaded."""
+        return self._state_hooks.register_load(hook)
 
     def save_state(
         self, output_dir: str | Path | None = None, safe_serialization: bool = True
@@ -582,11 +588,20 @@ class Accelerator:
                 raise FileNotFoundError(f"{self._checkpoints_root()}: no checkpoint to resume")
             input_dir = found[-1][1]
         meta = checkpoint.load_state(input_dir, self._parts())
-        project.iteration = int(meta["next_iteration"])
-        self.step = int(meta["step"])
+        # HF's folders hold no iteration unless named checkpoint_N, older HF's no step.
+        project.iteration = int(meta.get("next_iteration", project.iteration))
+        self.step = int(meta.get("step", self.step))
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         return data.skip_first_batches(dataloader, num_batches)
+
+    def profile(
+        self, profile_handler: handlers.ProfileKwargs | None = None
+    ) -> contextlib.AbstractContextManager[torch.profiler.profile]:
+        """Profile the block with ``torch.profiler`` (``profile_handler``, else the
+        ``ProfileKwargs`` in ``kwargs_handlers``); see ``profiling.py``."""
+        handler = profile_handler or self.profile_handler
+        return profiling.profile(handler, self.process_index, self.wait_for_everyone)
 
     # -- experiment tracking (tracking.py) ------------------------------------------------------
 

@@ -4,6 +4,8 @@ Every file is written to a temporary name and renamed into place, and ``save_sta
 whole checkpoint in a hidden ``.<name>.partial`` folder before renaming it, so a crash while saving
 never damages the previous checkpoint. Loading uses safetensors or
 ``torch.load(weights_only=True)`` only, and every restore error is raised.
+
+The folder has HF Accelerate's layout (:mod:`.hf_layout`), so each runtime resumes the other's.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import secrets
 import shutil
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from . import checksums, rng
+from . import checksums, hf_layout, rng
+from .hf_layout import model_files, numbered
+from .hooks import StateHooks
 from .precision import Precision
 from .strategies import Strategy
 
@@ -236,15 +240,7 @@ class Parts:
     custom: list[Any]
     precision: Precision
     strategy: Strategy
-
-
-def _name(kind: str, index: int, suffix: str) -> str:
-    return f"{kind}{'' if index == 0 else f'_{index}'}{suffix}"
-
-
-def model_files(index: int) -> tuple[str, str]:
-    """The safetensors and the torch file name of the ``index``-th model (HF's names)."""
-    return _name("model", index, ".safetensors"), _name("pytorch_model", index, ".bin")
+    hooks: StateHooks = field(default_factory=StateHooks)
 
 
 def save_state(
@@ -280,6 +276,7 @@ def _write_parts(partial: Path, parts: Parts, meta: dict[str, Any], safe: bool) 
     state, strategy = parts.strategy.state, parts.strategy
     common = not strategy.save_checkpoint(partial, parts.models, parts.optimizers)
     weights = [strategy.model_state_dict(model) for model in parts.models] if common else []
+    parts.hooks.before_save(list(parts.models), weights, str(partial))  # may take some away
     if state.is_main_process:
         for i, state_dict in enumerate(weights):
             name = model_files(i)[0 if safe else 1]
@@ -290,14 +287,16 @@ def _write_parts(partial: Path, parts: Parts, meta: dict[str, Any], safe: bool) 
             ("dataloader", parts.dataloaders),
         ):
             for i, obj in enumerate(objects):
-                save(obj.state_dict(), partial / _name(kind, i, ".bin"))
+                save(obj.state_dict(), partial / numbered(kind, i, ".bin"))
         scaler = parts.precision.state_dict()
         if scaler is not None:
-            save(scaler, partial / "scaler.pt")
+            save(scaler, partial / hf_layout.SCALER)
         for i, obj in enumerate(parts.custom):
-            save(obj.state_dict(), partial / f"custom_checkpoint_{i}.pkl")
+            save(obj.state_dict(), partial / hf_layout.custom_state(i))
         (partial / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    save(rng.capture(), partial / f"random_states_{state.process_index}.pkl")
+    # HF restores its step counter from the random states, so it is kept there too.
+    states = {"step": meta["step"], **rng.capture()}
+    save(states, partial / hf_layout.random_states(state.process_index))
 
 
 def _swap_in(partial: Path, final: Path) -> None:
@@ -312,10 +311,12 @@ def _swap_in(partial: Path, final: Path) -> None:
         partial.rename(final)
 
 
-def load_object(path: Path) -> Any:
+def load_object(path: Path, allowed: list[Any] | None = None) -> Any:
+    """``torch.load(weights_only=True)`` of ``path``, also accepting the ``allowed`` globals."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing from the checkpoint")
-    with _naming(path):
+    allow = torch.serialization.safe_globals(allowed) if allowed else contextlib.nullcontext()
+    with _naming(path), allow:
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -354,20 +355,27 @@ def _found(folder: Path) -> Path:
 
 
 def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
-    """Restore what :func:`save_state` wrote into ``parts``; return the saved metadata."""
-    folder = _found(Path(directory))
+    """Restore what :func:`save_state` (accelify's or HF's) wrote into ``parts``; return the
+    saved metadata (:func:`.hf_layout.hf_meta` for HF's folders).
 
+    A folder HF wrote has no ``accelify_state.json``, no data loader states of accelify's and no
+    checksum manifest: its files are read as they are, with no checksum to verify them against.
+    """
+    folder = _found(Path(directory))
     digests = checksums.recorded(folder)  # read once; each file is checked as it is loaded
 
-    def read(name: str) -> Any:
+    def read(name: str, allowed: list[Any] | None = None) -> Any:
         checksums.verify(digests, folder, folder / name)
-        return load_object(folder / name)
+        return load_object(folder / name, allowed)
 
     meta_path = folder / META
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: missing, not a checkpoint written by save_state")
+    by_hf = not meta_path.is_file()
+    if by_hf and digests:  # accelify's manifest without its metadata: not a folder HF wrote
+        raise FileNotFoundError(f"{meta_path}: missing, though {checksums.MANIFEST} lists it")
     common = not parts.strategy.load_checkpoint(folder, parts.models, parts.optimizers)
-    for i, model in enumerate(parts.models if common else []):
+    models = list(parts.models) if common else []
+    parts.hooks.before_load(models, str(folder))  # may load some itself, taking them away
+    for i, model in enumerate(models):
         found = [folder / name for name in model_files(i) if (folder / name).is_file()]
         if not found:
             raise FileNotFoundError(f"{folder / model_files(i)[0]}: missing from the checkpoint")
@@ -377,15 +385,19 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     for kind, objects in (
         ("optimizer", parts.optimizers if common else []),
         ("scheduler", parts.schedulers),
-        ("dataloader", parts.dataloaders),
+        ("dataloader", [] if by_hf else parts.dataloaders),
     ):
         for i, obj in enumerate(objects):
-            obj.load_state_dict(read(_name(kind, i, ".bin")))
+            obj.load_state_dict(read(numbered(kind, i, ".bin")))
     if parts.precision.state_dict() is not None:
-        parts.precision.load_state_dict(read("scaler.pt"))
+        parts.precision.load_state_dict(read(hf_layout.SCALER))
     for i, obj in enumerate(parts.custom):
-        obj.load_state_dict(read(f"custom_checkpoint_{i}.pkl"))
-    rng.restore(read(f"random_states_{parts.strategy.state.process_index}.pkl"))
+        obj.load_state_dict(read(hf_layout.custom_state(i)))
+    rank = parts.strategy.state.process_index
+    states = read(hf_layout.random_states(rank), hf_layout.numpy_globals())  # HF's hold numpy's
+    rng.restore(states)
+    if by_hf:
+        return hf_layout.hf_meta(folder, states.get("step"))
     return json.loads(meta_path.read_text())
 
 

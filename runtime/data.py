@@ -22,7 +22,7 @@ from torch.utils.data import (
     RandomSampler,
 )
 
-from . import ops
+from . import ops, rng
 from .sharding import (
     EpochSeededSampler,
     IterableDatasetShard,
@@ -117,6 +117,8 @@ class PreparedDataLoader(DataLoader):
         loader_args: dict[str, Any],
         fetch_whole_batches: bool = False,
         non_blocking: bool = False,
+        rng_types: Sequence[str] = (),
+        synchronized_generator: torch.Generator | None = None,
     ) -> None:
         if batch_sampler is None:  # iterable dataset: batching stays with DataLoader
             super().__init__(dataset, **loader_args)
@@ -134,6 +136,8 @@ class PreparedDataLoader(DataLoader):
         self._step_state = step_state
         self._position = position
         self._loader_args = loader_args
+        self.rng_types = list(rng_types)  # synchronised from process 0 as each epoch starts
+        self.synchronized_generator = synchronized_generator
 
     @property
     def iteration(self) -> int:
@@ -154,6 +158,7 @@ class PreparedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         position, shared = self._position, self._step_state
+        rng.synchronize_rng_states(self.rng_types, self.synchronized_generator)
         if position.generator is not None:
             position.epoch_start = position.generator.get_state()
         self.set_epoch(position.iteration)
@@ -203,6 +208,8 @@ class PreparedDataLoader(DataLoader):
             loader_args=self._loader_args,
             fetch_whole_batches=self.fetch_whole_batches,
             non_blocking=self.non_blocking,
+            rng_types=self.rng_types,
+            synchronized_generator=self.synchronized_generator,
         )
 
 
@@ -217,15 +224,19 @@ def prepare_loader(
     non_blocking: bool = False,
     seedable_sampler: bool = False,
     data_seed: int | None = None,
+    rng_types: Sequence[str] = (),
 ) -> PreparedDataLoader:
     """Rebuild ``loader`` over this process's share of the batches.
 
     A ``BatchSampler`` given as ``sampler`` (with ``batch_size=None``) is sharded like a batch
     sampler; its index lists still reach the dataset whole, as the script had it. With
     ``seedable_sampler`` a shuffling sampler is replaced by one seeded with ``data_seed`` (else
-    torch's initial seed) plus the epoch.
+    torch's initial seed) plus the epoch. ``rng_types`` (HF's ``Accelerator(rng_types=...)``)
+    are synchronised at the start of each epoch; ``"generator"``, the sampler's (or iterable
+    dataset's) generator, only where processes share one, as in HF.
     """
     args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    generator = None
     n, rank = state.num_processes, state.process_index
     dataset, batch_sampler = loader.dataset, loader.batch_sampler
     fetch_whole = batch_sampler is None and isinstance(loader.sampler, BatchSampler)
@@ -237,6 +248,7 @@ def prepare_loader(
     if isinstance(dataset, IterableDataset):
         batch_sampler = None
         if n > 1:
+            generator = getattr(dataset, "generator", None)
             if loader.batch_size is None:
                 raise ValueError("cannot shard an IterableDataset loader with batch_size=None")
             dataset = IterableDatasetShard(
@@ -260,6 +272,7 @@ def prepare_loader(
                 "sampler, it shards the batches itself"
             )
         _share_sampler_generator(batch_sampler, state.device)
+        generator = getattr(getattr(batch_sampler, "sampler", None), "generator", None)
         batch_sampler = ShardedBatchSampler(batch_sampler, n, rank, split_batches, even_batches)
     total = None if batch_size is None else batch_size * (1 if split_batches else n)
     return PreparedDataLoader(
@@ -273,6 +286,8 @@ def prepare_loader(
         loader_args=args,
         fetch_whole_batches=fetch_whole,
         non_blocking=non_blocking,
+        rng_types=[kind for kind in rng_types if kind != "generator" or generator is not None],
+        synchronized_generator=generator,
     )
 
 

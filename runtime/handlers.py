@@ -7,7 +7,7 @@ Handlers are recognised by class name, so HF Accelerate's own handler objects wo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -60,16 +60,35 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: timedelta | None = None
 
 
+@dataclasses.dataclass
+class ProfileKwargs(KwargsHandler):
+    """``torch.profiler.profile`` options for ``Accelerator.profile`` (see ``profiling.py``);
+    ``activities`` are names (``"cpu"``, ``"cuda"``, ...), ``schedule_option`` the keyword
+    arguments of ``torch.profiler.schedule``."""
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Callable | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+
 _KINDS = {
     "DistributedDataParallelKwargs": ("ddp", DistributedDataParallelKwargs),
     "GradScalerKwargs": ("scaler", GradScalerKwargs),
     "AutocastKwargs": ("autocast", AutocastKwargs),
     "InitProcessGroupKwargs": ("init", InitProcessGroupKwargs),
+    "ProfileKwargs": ("profile", ProfileKwargs),
 }
 
 
 def collect(handlers: Iterable[Any] | None) -> dict[str, dict[str, Any]]:
-    """``{"ddp": ..., "scaler": ..., "autocast": ..., "init": ...}`` keyword arguments."""
+    """``{"ddp": ..., "scaler": ..., "autocast": ..., "init": ..., "profile": ...}`` keyword
+    arguments."""
     found: dict[str, dict[str, Any]] = {kind: {} for kind, _ in _KINDS.values()}
     seen: set[str] = set()
     for handler in handlers or ():
@@ -85,4 +104,13 @@ def collect(handlers: Iterable[Any] | None) -> dict[str, dict[str, Any]]:
         if unknown:
             raise ValueError(f"{name} options not supported here: {sorted(unknown)}")
         found[kind] = options
+    return found
+
+
+def given(handlers: Iterable[Any] | None) -> dict[str, Any]:
+    """The handler object of each kind, ``None`` where none was given (HF's ``ddp_handler``,
+    ``scaler_handler``, ... attributes); call after :func:`collect` has checked them."""
+    found: dict[str, Any] = {kind: None for kind, _ in _KINDS.values()}
+    for handler in handlers or ():
+        found[_KINDS[type(handler).__name__][0]] = handler
     return found

@@ -6,6 +6,11 @@ functions of those names.
 
 Each op is a thin walk over the structure around one torch.distributed call; on a single process
 they return their input (``reduce`` a copy) and never touch torch.distributed.
+
+In debug mode (``accel-run --debug``, ``ACCELERATE_DEBUG_MODE=1``, ``state.debug = True``)
+``gather``, ``broadcast``, ``reduce`` and ``pad_across_processes`` first compare every process's
+shapes, as HF Accelerate does, and raise :class:`DistributedOperationException` on every process
+where they differ; otherwise gloo aborts the job and NCCL hangs.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .config import env_flag
 
 
 def apply(
@@ -66,6 +73,44 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+DEBUG_ENV = "ACCELERATE_DEBUG_MODE"
+
+
+class DistributedOperationException(Exception):
+    """A collective the processes called with tensors of different shapes (debug mode).
+
+    HF Accelerate's exception (``accelerate.utils.operations``), so scripts catch it by name.
+    """
+
+
+def debug_from_env() -> bool:
+    """``ACCELERATE_DEBUG_MODE``, read as every other flag of the launch contract."""
+    return env_flag(DEBUG_ENV)
+
+
+def _check_shapes(operation: str, data: Any, *, ndim_only: bool = False) -> None:
+    """In debug mode, refuse on every process a collective whose processes hold other shapes.
+
+    One ``all_gather_object`` of the shapes, HF Accelerate's check and message. ``ndim_only``
+    compares the structure and dimensions only (``pad_across_processes`` evens out the rest).
+    """
+    from . import state  # state imports this module
+
+    known = state.current()
+    if not (known.debug if known is not None else debug_from_env()):
+        return
+    mine = (apply(lambda tensor: list(tensor.shape), data), apply(lambda t: t.ndim, data))
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    compared = 1 if ndim_only else 0
+    if any(shapes[compared] != every[0][compared] for shapes in every):
+        listed = "\n  - ".join(f"Process {i}: {shapes[0]}" for i, shapes in enumerate(every))
+        raise DistributedOperationException(
+            "Cannot apply desired operation due to shape mismatches. All shapes across devices "
+            f"must be valid.\n\nOperation: `{__name__}.{operation}`\nInput shapes:\n  - {listed}"
+        )
+
+
 def gather(data: Any) -> Any:
     """Concatenate every process's tensors along dim 0 (0-d tensors become 1-d).
 
@@ -80,6 +125,7 @@ def gather(data: Any) -> Any:
             "holding other values: gather the tensor before `.item()`, or use "
             "`gather_for_metrics`, which gathers Python objects"
         )
+    _check_shapes("gather", data)
     return apply(_gather_tensor, data)
 
 
@@ -116,6 +162,8 @@ def reduce(data: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduction must be one of {[*_REDUCE_OPS, 'none']}, not {reduction!r}")
     distributed = is_distributed() and reduction != "none"
+    if distributed:
+        _check_shapes("reduce", data)
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
@@ -131,6 +179,7 @@ def reduce(data: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 def broadcast(data: Any, from_process: int = 0) -> Any:
     """Overwrite every process's tensors with those of ``from_process`` (in place)."""
     if is_distributed():
+        _check_shapes("broadcast", data)
         apply(lambda tensor: dist.broadcast(tensor, src=from_process), data)
     return data
 
@@ -152,6 +201,13 @@ def pad_across_processes(
     """Pad tensors along ``dim`` to the largest size any process holds, so they can be gathered."""
     if not is_distributed():
         return data
+    try:
+        _check_shapes("pad_across_processes", data, ndim_only=True)
+    except DistributedOperationException as err:  # HF's message, chained as in HF
+        raise DistributedOperationException(
+            f"Error found while calling `{__name__}.pad_across_processes`. Please see the "
+            "earlier error for more details."
+        ) from err
 
     def _pad(tensor: torch.Tensor) -> torch.Tensor:
         if dim >= tensor.ndim:

@@ -1,7 +1,8 @@
 """Seeding, random states shared across processes, and those a checkpoint saves and restores.
 
-States are stored as tensors and plain Python values only, so a checkpoint loads with
-``torch.load(weights_only=True)``; numpy is optional and only touched when it is installed.
+A checkpoint keeps the states under HF Accelerate's keys (so each runtime restores the other's)
+as tensors and plain Python values only (so they load with ``torch.load(weights_only=True)``).
+numpy is optional and only touched when it is installed.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def checked_rng_types(rng_types: Iterable[str | RNGType] | None) -> list[str]:
+    """``Accelerator(rng_types=...)`` as names, checked now rather than at the first epoch;
+    HF's default ``["generator"]`` when ``None``."""
+    names = ["generator"] if rng_types is None else [getattr(t, "value", t) for t in rng_types]
+    unknown = [name for name in names if name not in RNGType._value2member_map_]
+    if unknown:
+        raise ValueError(f"rng_types {unknown} unknown; choose from {[t.value for t in RNGType]}")
+    return names
+
+
 def synchronize_rng_states(
     rng_types: Iterable[str | RNGType], generator: torch.Generator | None = None
 ) -> None:
@@ -85,29 +96,71 @@ def synchronize_rng_state(
     set_state(rng_state)
 
 
+# Devices whose generators a checkpoint keeps, under HF's key ``torch_<device>_manual_seed``.
+_DEVICES = ("cuda", "xpu", "mlu", "sdaa", "musa", "hpu", "neuron")
+
+
 def capture() -> dict[str, Any]:
-    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """Every random state, under the keys HF Accelerate's checkpoints use, so HF restores them.
+
+    numpy's state is ``numpy.random.get_state()`` with its key array as a list, which
+    ``numpy.random.set_state`` (HF's restore) takes as well; device generators are saved wherever
+    the device is available, as HF does.
+    """
+    states: dict[str, Any] = {
+        "random_state": random.getstate(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
     numpy = _numpy()
     if numpy is not None:
         kind, keys, pos, has_gauss, cached = numpy.random.get_state()
-        states["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["numpy_random_seed"] = (kind, keys.tolist(), pos, has_gauss, cached)
+    for name, backend in _device_backends():
+        states[f"torch_{name}_manual_seed"] = backend.get_rng_state_all()
     return states
 
 
 def restore(states: dict[str, Any]) -> None:
-    """Put back what :func:`capture` saved; anything that cannot be restored raises."""
+    """Put back what :func:`capture` saved (or HF, or an older accelify); failures raise.
+
+    A device generator is restored where that device is available: a GPU run's states resume
+    on a CPU without their device states, as under HF.
+    """
+    if "random_state" not in states:
+        _restore_before_hf_keys(states)
+        return
+    random.setstate(_as_tuples(states["random_state"]))
+    torch.set_rng_state(states["torch_manual_seed"])
+    if "numpy_random_seed" in states:
+        _needs_numpy().random.set_state(states["numpy_random_seed"])
+    for name, backend in _device_backends():
+        if f"torch_{name}_manual_seed" in states:
+            backend.set_rng_state_all(states[f"torch_{name}_manual_seed"])
+
+
+def _restore_before_hf_keys(states: dict[str, Any]) -> None:
+    """Random states of checkpoints accelify wrote before it used HF's keys."""
     random.setstate(_as_tuples(states["python"]))
     torch.set_rng_state(states["torch"])
     if "numpy" in states:
-        numpy = _numpy()
-        if numpy is None:
-            raise RuntimeError("the checkpoint holds a numpy random state but numpy is missing")
         kind, keys, pos, has_gauss, cached = states["numpy"]
-        numpy.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+        _needs_numpy().random.set_state(
+            (kind, keys.numpy().astype("uint32"), pos, has_gauss, cached)
+        )
     if "cuda" in states:
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _device_backends() -> list[tuple[str, Any]]:
+    found = ((name, getattr(torch, name, None)) for name in _DEVICES)
+    return [(name, backend) for name, backend in found if backend and backend.is_available()]
+
+
+def _needs_numpy() -> Any:
+    numpy = _numpy()
+    if numpy is None:
+        raise RuntimeError("the checkpoint holds a numpy random state but numpy is missing")
+    return numpy
 
 
 def _as_tuples(value: Any) -> Any:

@@ -68,6 +68,8 @@ class ProcessState:
     device: torch.device
     distributed_type: DistributedType
     cpu: bool
+    # HF's PartialState().debug: collectives check shapes first (ops.DistributedOperationException)
+    debug: bool = field(default_factory=ops.debug_from_env)
 
     @property
     def is_main_process(self) -> bool:

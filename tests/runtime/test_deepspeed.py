@@ -93,7 +93,7 @@ def test_auto_values_are_filled_from_the_script() -> None:
     assert filled["gradient_accumulation_steps"] == 4
     assert filled["train_batch_size"] == 64
     assert filled["bf16"] == {"enabled": True}
-    assert filled["gradient_clipping"] == 0.0  # DeepSpeed would clip at 1.0 unasked
+    assert filled["gradient_clipping"] == 0.0  # none asked for: no clipping (HF would clip at 1.0)
 
 
 def test_a_file_value_and_a_launch_option_that_differ_are_both_named() -> None:
