@@ -1,7 +1,8 @@
 """The bundled runtime: an Accelerate-compatible ``Accelerator`` and the ``accel-run`` launcher.
 
 The public names load on first use, so ``accel-run --help`` and ``accel-run config`` answer
-without importing torch; ``from accelify.runtime import Accelerator`` works as usual.
+without importing torch, also where it is not installed (``pip install accelify`` leaves it out);
+``from accelify.runtime import Accelerator`` works as usual, or says in one line what to install.
 """
 
 from __future__ import annotations
@@ -10,11 +11,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-if importlib.util.find_spec("torch") is None:  # accel-convert and accel-lint install without it
-    raise ModuleNotFoundError(
-        "accelify.runtime needs torch: pip install 'accelify[runtime]' (or install torch)",
-        name="torch",
-    )
+NEEDS_TORCH = "accelify.runtime needs torch: pip install 'accelify[runtime]' (or install torch)"
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
@@ -126,6 +123,8 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if importlib.util.find_spec("torch") is None:  # accel-convert and accel-lint install without it
+        raise ModuleNotFoundError(NEEDS_TORCH, name="torch")
     value = getattr(importlib.import_module(f".{home}", __name__), name)
     globals()[name] = value  # later look-ups skip this function
     return value

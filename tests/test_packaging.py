@@ -66,9 +66,16 @@ def test_the_tools_install_and_run_without_torch(tmp_path: Path) -> None:
     assert lint.returncode == 1 and "ACL201" in lint.stdout
     convert = run(bin_ / "accel-convert", "--check", ROOT / "fixtures" / "convert" / "mnist.in.py")
     assert convert.returncode == 1 and "would be converted" in convert.stdout + convert.stderr
-    runtime = run(bin_ / "python", "-c", "import accelify.runtime")
+    needs = "accelify.runtime needs torch: pip install 'accelify[runtime]' (or install torch)"
+    runtime = run(bin_ / "python", "-c", "from accelify.runtime import Accelerator")
     assert runtime.returncode == 1
-    assert runtime.stderr.strip().splitlines()[-1] == (
-        "ModuleNotFoundError: accelify.runtime needs torch: pip install 'accelify[runtime]' "
-        "(or install torch)"
+    assert runtime.stderr.strip().splitlines()[-1] == f"ModuleNotFoundError: {needs}"
+    # accel-run answers --help and writes configs without torch; a launch is one line, exit 2.
+    assert run(bin_ / "accel-run", "--help").returncode == 0
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    launch = run(bin_ / "accel-run", "--cpu", "train.py")
+    assert (launch.returncode, launch.stdout, launch.stderr) == (
+        2,
+        "",
+        f"accel-run: error: {needs}\n",
     )

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from accelify.runtime import NEEDS_TORCH
 from accelify.runtime.launch import backends, foreign_flags
 from accelify.runtime.launch import config as cfg
 
@@ -349,6 +350,8 @@ def _test(argv: list[str]) -> int:
 def _config(argv: list[str]) -> int:
     from accelify.runtime.launch.config_wizard import write_config
 
+    if argv[:1] == ["default"]:  # accelerate's spelling of --default
+        argv = ["--default", *argv[1:]]
     args = config_parser().parse_args(argv)
     path = Path(args.config_file) if args.config_file else cfg.default_config_path()
     flags = flag_values(args)
@@ -384,4 +387,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         _console().print(Text(f"{PROG}: interrupted"))
         code = 130
+    except ModuleNotFoundError as err:  # a launch with `pip install accelify` (no runtime extra)
+        if err.name != "torch":
+            raise
+        _console().print(f"[bold red]{PROG}: error:[/] {escape(NEEDS_TORCH)}")
+        code = 2
     sys.exit(code)

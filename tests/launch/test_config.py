@@ -187,6 +187,19 @@ def test_config_default_writes_what_accel_run_then_reads(
     assert "already exists; pass --force" in capsys.readouterr().err
 
 
+def test_accelerates_spelling_config_default_works_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``accelerate config default --config_file F --mixed_precision fp16``, renamed only."""
+    target = tmp_path / "default.yaml"
+    argv = ["config", "default", "--config_file", str(target), "--mixed_precision", "fp16"]
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    assert f"wrote {target}" in capsys.readouterr().out
+    assert cfg.load_settings(str(target), {}).mixed_precision == "fp16"
+
+
 def test_config_asks_and_re_asks_on_bad_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
