@@ -16,7 +16,6 @@ import typer
 from accelify.rules import config
 from accelify.rules.checks import all_rules
 from accelify.rules.formats import MACHINE, OutputFormat, render_statistics, render_text
-from accelify.rules.rule import Rule
 from accelify.rules.runner import Options, check_file
 from accelify.transform import console as term
 from accelify.transform.sources import SourceError, iter_paths, write_atomic
@@ -129,16 +128,19 @@ def _check(  # typer passes every parameter by name
         return term.usage_error(PROG, f"unknown rule selector {unknown[0]!r}")
     errors = term.console(stderr=True)
     try:
-        settings = _settings(config_file, rules)
+        settings = config.load(config_file) if config_file is not None else None
         files = list(iter_paths(paths or ["."], suffixes=(".py", ".ipynb")))
     except SourceError as err:
         errors.print(str(err), markup=False)
         return term.EXIT_ERROR
     options = Options(select_codes, ignore_codes, fix, unsafe_fixes, diff, settings, stdin_filename)
     results = list(term.parallel_map(partial(check_file, options=options), files, jobs))
+    said: set[str] = set()  # a settings file's mistake is met by every file it applies to
     for result in results:
         for line in [*result.notes, *([result.error] if result.error else [])]:
-            errors.print(line, markup=False)
+            if line not in said:
+                said.add(line)
+                errors.print(line, markup=False)
     failed = any(r.error for r in results)
     if diff:
         sys.stdout.write("".join(r.diff for r in results))
@@ -162,19 +164,6 @@ def _check(  # typer passes every parameter by name
     if failed:
         return term.EXIT_ERROR
     return term.EXIT_FOUND if found and not exit_zero else term.EXIT_OK
-
-
-def _settings(path: str | None, rules: list[type[Rule]]) -> config.Config | None:
-    """``--config FILE``, its selectors checked (a typo must not turn everything off)."""
-    if path is None:
-        return None
-    settings = config.load(path)
-    selectors = [*(settings.select or ()), *settings.extend_select, *settings.ignore]
-    selectors += [c for _, codes in settings.per_file_ignores for c in codes]
-    unknown = config.unknown_selectors(rules, selectors)
-    if unknown:
-        raise SourceError(path, 0, f"unknown rule selector {unknown[0]!r}")
-    return settings
 
 
 def _rule(

@@ -8,7 +8,9 @@ to the folder of the file that declares them.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -51,8 +53,14 @@ class Config:
 
 
 def _read(path: Path) -> dict:
+    return tomllib.loads(_text(path))
+
+
+def _text(path: Path) -> str:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        tomllib.loads(text)
+        return text
     except OSError as err:
         raise SourceError(str(path), 0, err.strerror or str(err)) from None
     except tomllib.TOMLDecodeError as err:
@@ -70,32 +78,84 @@ def _table(path: Path, data: dict) -> dict | None:
 
 
 def load(path: str | Path) -> Config:
-    """Read the settings from ``path`` (a ``pyproject.toml`` or a TOML file of its own)."""
+    """Read the settings from ``path`` (a ``pyproject.toml`` or a TOML file of its own); a
+    mistake is an error at its line, with the key or rule it most likely meant."""
     path = Path(path)
-    table = _table(path, _read(path)) or {}
-    unknown = set(table) - _KEYS
-    if unknown:
+    text = _text(path)
+    table = _table(path, tomllib.loads(text)) or {}
+    for key in sorted(set(table) - _KEYS):
         raise SourceError(
-            str(path), 1, f"unknown [tool.accelify.lint] key(s): {', '.join(sorted(unknown))}"
+            str(path),
+            _line(text, key, assigned=True),
+            f"unknown [tool.accelify.lint] key {key!r}{_did_you_mean(key, _KEYS)}",
         )
     per_file = table.get("per-file-ignores", {})
     if not isinstance(per_file, dict):
-        raise SourceError(str(path), 1, "per-file-ignores must be a table of glob = [codes]")
-    return Config(
+        line = _line(text, "per-file-ignores", assigned=True)
+        raise SourceError(str(path), line, "per-file-ignores must be a table of glob = [codes]")
+    config = Config(
         root=path.parent,
-        select=_codes(path, table["select"]) if "select" in table else None,
-        extend_select=_codes(path, table.get("extend-select", [])),
-        ignore=_codes(path, table.get("ignore", [])),
-        per_file_ignores=tuple((glob, _codes(path, codes)) for glob, codes in per_file.items()),
+        select=_codes(path, text, "select", table["select"]) if "select" in table else None,
+        extend_select=_codes(path, text, "extend-select", table.get("extend-select", [])),
+        ignore=_codes(path, text, "ignore", table.get("ignore", [])),
+        per_file_ignores=tuple(
+            (glob, _codes(path, text, glob, codes)) for glob, codes in per_file.items()
+        ),
     )
+    _refuse_unknown_rules(path, text, config)
+    return config
 
 
-def _codes(path: Path, value: object) -> tuple[str, ...]:
+def _codes(path: Path, text: str, key: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SourceError(str(path), 1, f"expected a list of rule codes, got {value!r}")
+        raise SourceError(
+            str(path),
+            _line(text, key, assigned=True),
+            f"expected a list of rule codes, got {value!r}",
+        )
     return tuple(value)
+
+
+def _refuse_unknown_rules(path: Path, text: str, config: Config) -> None:
+    """A code that matches no rule would silently select or ignore nothing (``ignore =
+    ["ACL2O1"]`` with a letter O): an error at its line, naming the rule it most likely meant."""
+    from accelify.rules.checks import all_rules  # the rules import this module's neighbours
+
+    rules = all_rules()
+    used = [*(config.select or ()), *config.extend_select, *config.ignore]
+    used += [code for _, codes in config.per_file_ignores for code in codes]
+    for selector in unknown_selectors(rules, used):
+        known = [rule.code for rule in rules] + [rule.name for rule in rules]
+        raise SourceError(
+            str(path),
+            _line(text, selector, assigned=False),
+            f"unknown rule selector {selector!r}{_did_you_mean(selector, known)}",
+        )
+
+
+def _line(text: str, word: str, assigned: bool) -> int:
+    """The line of ``text`` that sets key ``word`` (``assigned``) or quotes the string ``word``;
+    1 when there is none to find (a key written as a dotted name, say)."""
+    quoted = rf"[\"']{re.escape(word)}[\"']"
+    pattern = rf"^\s*(?:{quoted}|{re.escape(word)})\s*=" if assigned else quoted
+    match = re.search(pattern, text, re.MULTILINE)
+    return text.count("\n", 0, match.start()) + 1 if match else 1
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """The closest choice (as difflib measures it); among equally close ones, the one with most
+    characters in place (``ACL2O1``, a letter O: ``ACL201``, not ``ACL291``)."""
+
+    def closeness(choice: str) -> tuple[float, int]:
+        ratio = difflib.SequenceMatcher(None, word, choice).ratio()
+        return ratio, sum(a == b for a, b in zip(word, choice, strict=False))
+
+    best = max(choices, key=closeness, default=None)
+    if best is None or closeness(best)[0] < 0.6:
+        return ""
+    return f" (did you mean {best!r}?)"
 
 
 @cache

@@ -75,10 +75,33 @@ def test_explicit_config_file_and_its_errors(lint_cli, buggy: Path, tmp_path: Pa
     settings = tmp_path / "lint.toml"
     settings.write_text('select = ["ACL201"]\n')
     assert codes(lint_cli(str(buggy), "--config", str(settings)).out) == ["ACL201"]
-    settings.write_text('selct = ["ACL201"]\n')
+    settings.write_text('# settings\nselct = ["ACL201"]\n')
     result = lint_cli(str(buggy), "--config", str(settings))
     assert result.code == 2
-    assert result.err.strip() == f"{settings}:1: unknown [tool.accelify.lint] key(s): selct"
+    assert result.err.strip() == (
+        f"{settings}:2: unknown [tool.accelify.lint] key 'selct' (did you mean 'select'?)"
+    )
+
+
+def test_a_discovered_settings_mistake_is_one_line_at_its_key_or_code(
+    lint_cli, tmp_path: Path
+) -> None:
+    """Ruff's way: the line of the key or code, the likely intent, once for the whole run."""
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(BUGGY)
+    settings = tmp_path / "pyproject.toml"
+    settings.write_text('[tool.accelify.lint]\nselect = ["ACL0"]\nignore = [\n  "ACL2O1",\n]\n')
+    result = lint_cli(str(tmp_path))
+    assert (result.code, result.err) == (
+        2,
+        f"{settings}:4: unknown rule selector 'ACL2O1' (did you mean 'ACL201'?)\n",
+    )
+    settings.write_text(
+        '[tool.accelify.lint]\n[tool.accelify.lint.per-file-ignores]\n"a.py" = ["unwraped-save"]\n'
+    )
+    assert lint_cli(str(tmp_path)).err == (
+        f"{settings}:3: unknown rule selector 'unwraped-save' (did you mean 'unwrapped-save'?)\n"
+    )
 
 
 def test_noqa_comments_and_file_level_opt_out(lint_cli, tmp_path: Path) -> None:
