@@ -16,6 +16,7 @@ import typer
 from accelify.rules import config
 from accelify.rules.checks import all_rules
 from accelify.rules.formats import MACHINE, OutputFormat, render_statistics, render_text
+from accelify.rules.rule import Rule
 from accelify.rules.runner import Options, check_file
 from accelify.transform import console as term
 from accelify.transform.sources import SourceError, iter_paths, write_atomic
@@ -110,6 +111,15 @@ def _check(  # typer passes every parameter by name
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Print findings, nothing else (no summary).")
     ] = False,
+    show_files: Annotated[
+        bool, typer.Option("--show-files", help="List the files that would be linted, then exit.")
+    ] = False,
+    show_settings: Annotated[
+        bool,
+        typer.Option(
+            "--show-settings", help="Show the settings and rules of the first file, then exit."
+        ),
+    ] = False,
     jobs: Annotated[
         int,
         typer.Option(
@@ -129,10 +139,17 @@ def _check(  # typer passes every parameter by name
     errors = term.console(stderr=True)
     try:
         settings = config.load(config_file) if config_file is not None else None
-        files = list(iter_paths(paths or ["."], suffixes=(".py", ".ipynb")))
+        files = _linted(paths or ["."], settings)
     except SourceError as err:
         errors.print(str(err), markup=False)
         return term.EXIT_ERROR
+    if show_files or show_settings:
+        named = [f for f in files if isinstance(f, str)]
+        if show_files:
+            sys.stdout.writelines(f"{name}\n" for name in named)
+        else:
+            sys.stdout.write(_settings_of(named[0], settings, select_codes, ignore_codes, rules))
+        return term.EXIT_OK if named else term.EXIT_ERROR
     options = Options(select_codes, ignore_codes, fix, unsafe_fixes, diff, settings, stdin_filename)
     results = list(term.parallel_map(partial(check_file, options=options), files, jobs))
     said: set[str] = set()  # a settings file's mistake is met by every file it applies to
@@ -164,6 +181,39 @@ def _check(  # typer passes every parameter by name
     if failed:
         return term.EXIT_ERROR
     return term.EXIT_FOUND if found and not exit_zero else term.EXIT_OK
+
+
+def _linted(paths: list[str], settings: config.Config | None) -> list[str | SourceError]:
+    """The files a run lints: those named, and those the walk of the folders named finds that
+    their settings' ``exclude``/``extend-exclude`` keeps (Ruff's way: a named file is linted)."""
+    named = set(paths)
+    return [
+        found
+        for found in iter_paths(paths, suffixes=(".py", ".ipynb"))
+        if not isinstance(found, str)
+        or found in named
+        or not config.for_file(found, settings).excludes(found)
+    ]
+
+
+def _settings_of(
+    path: str,
+    settings: config.Config | None,
+    select: tuple[str, ...] | None,
+    ignore: tuple[str, ...],
+    rules: list[type[Rule]],
+) -> str:
+    """``--show-settings``: where the settings of ``path`` come from and what they turn on."""
+    chosen = config.for_file(path, settings)
+    running = config.select_rules(rules, chosen, path, select, ignore)
+    lines = [
+        f"file: {path}",
+        f"settings: {chosen.source or 'defaults (no [tool.accelify.lint] found)'}",
+        f"exclude: {', '.join(chosen.exclude) or '-'}",
+        f"rules ({len(running)} of {len(rules)}):",
+        *(f"  {rule.code} {rule.name}" for rule in running),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _rule(

@@ -24,7 +24,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-_KEYS = frozenset({"select", "extend-select", "ignore", "per-file-ignores"})
+_KEYS = frozenset(
+    {"select", "extend-select", "ignore", "per-file-ignores", "exclude", "extend-exclude"}
+)
 
 
 @dataclass(frozen=True)
@@ -32,18 +34,37 @@ class Config:
     """The settings of one ``[tool.accelify.lint]`` table (empty: the defaults)."""
 
     root: Path = field(default_factory=Path.cwd)
+    source: Path | None = None  # the settings file; None: the defaults
     select: tuple[str, ...] | None = None
     extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    exclude: tuple[str, ...] = ()  # globs of files and folders a walk skips
+
+    def excludes(self, path: str) -> bool:
+        """Whether ``exclude``/``extend-exclude`` skips ``path`` (a glob matching the file, its
+        name, or a folder it is in, relative to the settings file's folder)."""
+        if not self.exclude:
+            return False
+        relative = self._relative(path)
+        parts = relative.split("/")
+        candidates = {relative, Path(path).name}
+        candidates |= {"/".join(parts[:i]) for i in range(1, len(parts))}
+        return any(
+            fnmatch.fnmatch(candidate, pattern.rstrip("/"))
+            for pattern in self.exclude
+            for candidate in candidates
+        )
+
+    def _relative(self, path: str) -> str:
+        try:
+            return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return Path(path).as_posix()
 
     def ignored_for(self, path: str) -> tuple[str, ...]:
         """Selectors ``per-file-ignores`` turns off for ``path``."""
-        try:
-            relative = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
-        except ValueError:
-            relative = Path(path).as_posix()
-        name = Path(path).name
+        relative, name = self._relative(path), Path(path).name
         return tuple(
             code
             for pattern, codes in self.per_file_ignores
@@ -95,6 +116,11 @@ def load(path: str | Path) -> Config:
         raise SourceError(str(path), line, "per-file-ignores must be a table of glob = [codes]")
     config = Config(
         root=path.parent,
+        source=path,
+        exclude=(
+            *_globs(path, text, "exclude", table.get("exclude", [])),
+            *_globs(path, text, "extend-exclude", table.get("extend-exclude", [])),
+        ),
         select=_codes(path, text, "select", table["select"]) if "select" in table else None,
         extend_select=_codes(path, text, "extend-select", table.get("extend-select", [])),
         ignore=_codes(path, text, "ignore", table.get("ignore", [])),
@@ -115,6 +141,13 @@ def _codes(path: Path, text: str, key: str, value: object) -> tuple[str, ...]:
             _line(text, key, assigned=True),
             f"expected a list of rule codes, got {value!r}",
         )
+    return tuple(value)
+
+
+def _globs(path: Path, text: str, key: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        line = _line(text, key, assigned=True)
+        raise SourceError(str(path), line, f"{key} must be a list of globs, got {value!r}")
     return tuple(value)
 
 

@@ -194,6 +194,34 @@ def test_quiet_prints_findings_only(lint_cli, buggy: Path, tmp_path: Path) -> No
     assert lint_cli(str(clean), "--quiet").out == ""
 
 
+def test_exclude_show_files_and_show_settings(
+    lint_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ruff's habits: excluded globs skip walked files (a named file is still linted), and the
+    run can say which files and which settings it would use."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("train.py", "legacy/old.py", "legacy/deep/older.py", "gen/made.py"):
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_text(BUGGY)
+    Path("pyproject.toml").write_text(
+        '[tool.accelify.lint]\nextend-select = ["ACL301"]\nexclude = ["gen/*"]\n'
+        'extend-exclude = ["legacy/"]\n'
+    )
+    shown = lint_cli("--show-files", ".")
+    assert (shown.code, shown.out) == (0, "train.py\n")
+    assert "legacy/old.py" not in lint_cli(".").out
+    assert lint_cli("legacy/old.py").code == 1  # named: linted
+    settings = lint_cli("--show-settings", "train.py", "--ignore", "ACL005")
+    lines = settings.out.splitlines()
+    assert lines[:3] == [
+        "file: train.py",
+        f"settings: {tmp_path / 'pyproject.toml'}",
+        "exclude: gen/*, legacy/",
+    ]
+    assert any(line.startswith("  ACL301 ") for line in lines)  # extend-select, off by default
+    assert not any(line.startswith("  ACL005 ") for line in lines)
+
+
 def test_jobs_give_the_same_findings(lint_cli) -> None:
     paths = [str(FIXTURES / n) for n in ("planted.py", "clean_train.py", "notebook.ipynb")]
     one = lint_cli(*paths, "--output-format", "json")
