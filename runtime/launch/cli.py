@@ -9,6 +9,8 @@ script's, even ``--num_processes``).
 from __future__ import annotations
 
 import argparse
+import copy
+import difflib
 import shutil
 import sys
 from importlib.metadata import version
@@ -113,7 +115,30 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message + self._did_you_mean(message))
+
+    def _did_you_mean(self, message: str) -> str:
+        """For an unknown option, the closest one this command has (``--num-proceses``)."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        unknown = message[len(prefix) :].split(maxsplit=1)[0].partition("=")[0]
+        spelled = [option for option in self._option_string_actions if "_" not in option]
+        close = difflib.get_close_matches(unknown, spelled, n=1)
+        return f" (did you mean {close[0]}?)" if close and unknown.startswith("-") else ""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """One spelling per option in ``--help``: ``--num-processes``, not also ``--num_processes``
+    (accelerate's underscore spellings are still accepted)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        dashed = [s for s in action.option_strings if "_" not in s]
+        if not dashed or len(dashed) == len(action.option_strings):
+            return super()._format_action_invocation(action)
+        shown = copy.copy(action)
+        shown.option_strings = dashed
+        return super()._format_action_invocation(shown)
 
 
 def _console() -> Console:
@@ -139,7 +164,7 @@ def launch_parser() -> argparse.ArgumentParser:
         description="Launch a training script on N processes and M machines, on torch's elastic\n"
         "agent, with the environment HF Accelerate's launcher gives its scripts.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version('accelify')}")
@@ -185,7 +210,7 @@ def config_parser() -> argparse.ArgumentParser:
         description="Write a config file (accelerate's format) that accel-run reads by default.",
         epilog="examples:\n  accel-run config --default\n"
         "  accel-run config --config-file cpu2.yaml   then: accel-run --config-file cpu2.yaml ...",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
         allow_abbrev=False,
     )
     parser.add_argument(
@@ -341,7 +366,18 @@ def _test(argv: list[str]) -> int:
     """``accel-run test [launch options]``: the bundled self-test on the resolved config."""
     from accelify.runtime.launch.run import SELFTEST
 
-    args = launch_parser().parse_args([*argv, SELFTEST])
+    parser = launch_parser()
+    parser.usage = f"{PROG} test [launch options]"
+    parser.description = (
+        "Train the bundled self-test for a few steps on the launch the options (and the config\n"
+        "file) resolve to, and report whether every process agreed: a check of the machine\n"
+        "before a real job."
+    )
+    parser.epilog = None
+    for action in parser._actions:  # the self-test is the script
+        if action.dest == "script":
+            action.help = argparse.SUPPRESS
+    args = parser.parse_args([*argv, SELFTEST])
     if args.script != SELFTEST or args.module or args.no_python:
         raise UsageError("accel-run test takes launch options only, not a script")
     return _run(args)

@@ -45,6 +45,7 @@ def test_accelerate_command_line_spellings_are_the_same_settings() -> None:
         (["missing.py"], "missing.py:0: no such script"),
         (["--cpu"], "no script to run; see accel-run --help"),
         (["--nproc", "2", SCRIPT], "unrecognized arguments: --nproc"),
+        (["--num-proceses", "2", SCRIPT], "--num-proceses (did you mean --num-processes?)"),
         (["--num-processes"], "argument --num-processes/--num_processes: expected one argument"),
         (["--config-file", "nope.yaml", SCRIPT], "nope.yaml:0: no such config file"),
         (["--num-machines", "2", "--num-processes", "2", SCRIPT], "need --main-process-ip"),
@@ -85,6 +86,23 @@ def test_help_teaches_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "accel-run --cpu --num-processes 2 train.py" in out
     assert "exit codes:" in out
+
+
+def test_help_shows_one_spelling_per_option_and_each_command_its_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """accelerate's underscore spellings are accepted, not listed a second time; ``accel-run
+    test --help`` is about the self-test, not the launch of a script."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--num-processes N" in out and "--num_processes" not in out.split("examples:")[0]
+    with pytest.raises(SystemExit) as done:
+        cli.main(["test", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert out.startswith("usage: accel-run test [launch options]")
+    assert "the training script" not in out
 
 
 def test_version_comes_from_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
