@@ -286,6 +286,25 @@ def _warn(message: str, quiet: bool) -> None:
         _console().print(Text(f"{PROG}: {message}"))
 
 
+def _on_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _start_line(args: argparse.Namespace, settings: cfg.Settings, command: list[str]) -> str:
+    """What a launch starts, in one line for a person at a terminal (accelerate launch says
+    nothing until the script prints)."""
+    processes = settings.num_processes or 1
+    machines = f"{settings.num_machines} machines" if settings.num_machines > 1 else "1 machine"
+    default = cfg.default_config_path()
+    config_file = args.config_file or (str(default) if default.is_file() else "none")
+    target = args.script if not args.module else f"-m {args.script}"
+    return (
+        f"starting {target}: {processes} process{'es' * (processes > 1)} on {machines}, "
+        f"{settings.resolved_distributed_type}, mixed precision {settings.mixed_precision}, "
+        f"config file {config_file}"
+    )
+
+
 def _command(args: argparse.Namespace) -> tuple[str, list[str]]:
     """The worker's entry point (a program, or Python running bootstrap.py) and its arguments."""
     from accelify.runtime.launch.run import BOOTSTRAP
@@ -355,6 +374,8 @@ def _run(args: argparse.Namespace) -> int:
         _warn(f"note: {note}", args.quiet)
     _warn_if_trains_alone(args, settings)
     _warn_if_hf_runs_alone(args, settings)
+    if not args.quiet and _on_terminal():
+        _warn(_start_line(args, settings, command), quiet=False)
     report = run_elastic(settings, entrypoint, command, "spawn", PROG)
     if report is None:
         return 0

@@ -190,6 +190,22 @@ def test_notes_print_before_the_launch_and_quiet_silences_them(
         )
 
 
+def test_a_launch_at_a_terminal_says_in_one_line_what_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], hf_home: Path
+) -> None:
+    monkeypatch.setattr("accelify.runtime.launch.run.run_elastic", lambda *args: None)
+    monkeypatch.setattr(cli, "_on_terminal", lambda: True)
+    for quiet in ([], ["-q"]):
+        with pytest.raises(SystemExit):
+            cli.main(["--cpu", "--num-processes", "2", "--mixed-precision", "bf16", *quiet, SCRIPT])
+        assert capsys.readouterr().err == (
+            ""
+            if quiet
+            else f"accel-run: starting {SCRIPT}: 2 processes on 1 machine, MULTI_CPU, mixed "
+            "precision bf16, config file none\n"
+        )
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
