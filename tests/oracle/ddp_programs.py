@@ -181,10 +181,16 @@ def run(source: str, command: list[str], timeout: float = 300) -> Outcome:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
+# Runs of the original after gloo's teardown aborted it: on a busy 2-core machine 1 run in 10
+# to 25 aborts under torchrun (1 of 9, 1 of 25; the conversion under accel-run: 0 of 25), so two
+# tries failed a clean-clone CI run once.
+_ORIGINAL_TRIES = 5
+
+
 def original(source: str, choice: dict[str, str]) -> Outcome:
     """The hand-written script's own run; one that only aborted in gloo's teardown runs again
     (the question is what it trains, and the conversion's run gets no such second chance)."""
-    for _attempt in range(2):
+    for _attempt in range(_ORIGINAL_TRIES):
         if choice["launch"] == "spawn":
             outcome = run(source, [sys.executable])
         else:
