@@ -21,12 +21,14 @@ if TYPE_CHECKING:
     from .deepspeed_placeholders import DummyOptim, DummyScheduler
     from .handlers import (
         AutocastKwargs,
+        DDPCommunicationHookType,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
         ProfileKwargs,
     )
-    from .launch.notebook import notebook_launcher
+    from .launch.notebook import debug_launcher, notebook_launcher
+    from .local_sgd import LocalSGD
     from .logging import get_logger
     from .memory import find_executable_batch_size, release_memory
     from .ops import (
@@ -40,13 +42,14 @@ if TYPE_CHECKING:
     )
     from .properties import FP8BackendType
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
-    from .state import AcceleratorState, DistributedType, PartialState
+    from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .tracking import GeneralTracker, LoggerType
 
 _HOMES = {
     "Accelerator": "accelerator",
     "AcceleratorState": "state",
     "AutocastKwargs": "handlers",
+    "DDPCommunicationHookType": "handlers",
     "DataLoaderConfiguration": "config",
     "DistributedDataParallelKwargs": "handlers",
     "DistributedOperationException": "ops",
@@ -57,7 +60,9 @@ _HOMES = {
     "GeneralTracker": "tracking",
     "GradScalerKwargs": "handlers",
     "GradientAccumulationPlugin": "config",
+    "GradientState": "state",
     "InitProcessGroupKwargs": "handlers",
+    "LocalSGD": "local_sgd",
     "LoggerType": "tracking",
     "PartialState": "state",
     "ProfileKwargs": "handlers",
@@ -65,6 +70,7 @@ _HOMES = {
     "RNGType": "rng",
     "broadcast": "ops",
     "broadcast_object_list": "ops",
+    "debug_launcher": "launch.notebook",
     "find_executable_batch_size": "memory",
     "gather": "ops",
     "gather_object": "ops",
@@ -84,6 +90,7 @@ __all__ = [
     "Accelerator",
     "AcceleratorState",
     "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
@@ -94,7 +101,9 @@ __all__ = [
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "GradientState",
     "InitProcessGroupKwargs",
+    "LocalSGD",
     "LoggerType",
     "PartialState",
     "ProfileKwargs",
@@ -102,6 +111,7 @@ __all__ = [
     "RNGType",
     "broadcast",
     "broadcast_object_list",
+    "debug_launcher",
     "find_executable_batch_size",
     "gather",
     "gather_object",

@@ -105,7 +105,8 @@ class Accelerator(properties.SettingsFacts):
             self.project_configuration.set_directories(project_dir)
         self.log_with = tracking.select(log_with, self.logging_dir)
         self.trackers: list[tracking.GeneralTracker] = []
-        self.strategy = strategies.select(self.state, **options["ddp"])
+        hook = handlers.comm_hook(self.ddp_handler)
+        self.strategy = strategies.select(self.state, comm_hook=hook, **options["ddp"])
         if self._compile and self.distributed_type == DistributedType.DEEPSPEED:
             raise ValueError("dynamo_backend under DeepSpeed is not supported by accelify")
         self.precision = precision.select(

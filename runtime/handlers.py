@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 
@@ -24,8 +25,27 @@ class KwargsHandler:
         }
 
 
+class DDPCommunicationHookType(str, Enum):
+    """Which of torch's DDP communication hooks compresses or approximates the gradients
+    (``torch.distributed.algorithms.ddp_comm_hooks``); ``NO`` keeps the plain all-reduce."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+# The fields that choose a communication hook instead of going to DDP's constructor.
+_HOOK_FIELDS = ("comm_hook", "comm_wrapper", "comm_state_option")
+
+
 @dataclasses.dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
+    """DDP's constructor options, plus ``comm_hook`` (with ``comm_wrapper`` compressing what it
+    sends, ``comm_state_option`` the ``PowerSGDState`` options) registered once DDP wraps the
+    model, as in HF Accelerate."""
+
     dim: int = 0
     broadcast_buffers: bool = True
     bucket_cap_mb: int = 25
@@ -33,6 +53,13 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = dataclasses.field(default_factory=dict)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The options for DDP's constructor only (HF leaves the hook fields out as well)."""
+        return {k: v for k, v in super().to_kwargs().items() if k not in _HOOK_FIELDS}
 
 
 @dataclasses.dataclass
@@ -105,6 +132,49 @@ def collect(handlers: Iterable[Any] | None) -> dict[str, dict[str, Any]]:
             raise ValueError(f"{name} options not supported here: {sorted(unknown)}")
         found[kind] = options
     return found
+
+
+_COMPRESSIONS = (DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16)
+
+
+def comm_hook(handler: Any) -> Callable[[Any], None] | None:
+    """What registers the hook a ``DistributedDataParallelKwargs`` (ours or HF's) asks for on a
+    ``DistributedDataParallel`` model, or ``None`` for DDP's plain all-reduce.
+
+    Checked when the ``Accelerator`` is created, so an unknown name fails at once (HF ignores
+    it, leaving a typo to train without the hook); each model gets its own PowerSGD state.
+    """
+    if handler is None:
+        return None
+    kind, wrapper = (
+        # HF's enum is no str: compare by value
+        DDPCommunicationHookType(getattr(choice, "value", choice))
+        for choice in (getattr(handler, "comm_hook", "no"), getattr(handler, "comm_wrapper", "no"))
+    )
+    if wrapper not in {DDPCommunicationHookType.NO, *_COMPRESSIONS}:
+        raise ValueError(f"comm_wrapper must be 'no', 'fp16' or 'bf16', not {wrapper.value!r}")
+    if kind is DDPCommunicationHookType.NO:
+        return None
+    options = dict(getattr(handler, "comm_state_option", None) or {})
+
+    def register(model: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        hook = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+            DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+            DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+        }[kind]
+        if wrapper is DDPCommunicationHookType.FP16:
+            hook = default_hooks.fp16_compress_wrapper(hook)
+        elif wrapper is DDPCommunicationHookType.BF16:
+            hook = default_hooks.bf16_compress_wrapper(hook)
+        # The compression hooks take the process group as state; None is the default group.
+        state = None if kind in _COMPRESSIONS else powerSGD_hook.PowerSGDState(None, **options)
+        model.register_comm_hook(state=state, hook=hook)
+
+    return register
 
 
 def given(handlers: Iterable[Any] | None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""``notebook_launcher``: run a function on several processes from a notebook, by forking.
+"""``notebook_launcher``: run a function on several processes from a notebook, by forking
+(``debug_launcher``: the same on CPU processes).
 
 Same elastic agent and failure report as accel-run; what differs is that a notebook's process
 outlives the launch, so everything that would make the forked workers fail (CUDA already
@@ -16,7 +17,7 @@ from accelify.runtime.launch import config as cfg
 from accelify.runtime.launch.bootstrap import die_with_the_launcher, record_error
 from accelify.runtime.launch.run import patched_environ, run_elastic
 
-_RESTART = "then restart the kernel and call notebook_launcher again"
+_RESTART = "then restart the kernel and call {} again"
 
 
 def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional args included)
@@ -66,18 +67,39 @@ def notebook_launcher(  # noqa: PLR0917 (HF Accelerate's signature, positional a
             "rdzv_conf": ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items()),
             "use_cpu": gpus == 0,
         }
+    except ValueError as err:
+        raise ValueError(f"notebook_launcher: {err}") from None
+    _launch("notebook_launcher", function, args, given)
+
+
+def debug_launcher(
+    function: Callable[..., Any], args: Sequence[Any] = (), num_processes: int = 2
+) -> None:
+    """Run ``function(*args)`` on ``num_processes`` CPU processes (HF Accelerate's API), to try
+    distributed code on a machine without GPUs; the same launch as :func:`notebook_launcher`,
+    on a free port."""
+    given = {"num_processes": num_processes, "use_cpu": True, "main_process_port": "0"}
+    _launch("debug_launcher", function, args, given)
+
+
+def _launch(
+    caller: str, function: Callable[..., Any], args: Sequence[Any], given: dict[str, Any]
+) -> None:
+    """Fork the workers that the launcher settings ``given`` describe (one process: a plain
+    call) and raise with the failing rank's report when one fails."""
+    try:
         flags = {key: cfg.parse_value(key, value) for key, value in given.items()}
         settings = cfg.resolve({}, flags, cfg.gpu_count)
     except ValueError as err:
-        raise ValueError(f"notebook_launcher: {err}") from None
+        raise ValueError(f"{caller}: {err}") from None
     if settings.num_processes == 1:
         with patched_environ(cfg.child_env(settings)):
             function(*args)
         return
-    _refuse_unforkable_parent()
-    report = run_elastic(settings, _recorded(function), list(args), "fork", "notebook_launcher")
+    _refuse_unforkable_parent(caller)
+    report = run_elastic(settings, _recorded(function), list(args), "fork", caller)
     if report is not None:
-        raise _worker_failed_type()(report.text)
+        raise _worker_failed_type()(caller, report.text)
 
 
 @functools.cache
@@ -87,9 +109,9 @@ def _worker_failed_type() -> type[RuntimeError]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     class WorkerFailed(RuntimeError, ChildFailedError):
-        def __init__(self, text: str) -> None:
+        def __init__(self, caller: str, text: str) -> None:
             RuntimeError.__init__(self, text)
-            self.name, self.failures = "notebook_launcher", {}
+            self.name, self.failures = caller, {}
 
     return WorkerFailed
 
@@ -120,7 +142,7 @@ def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
     return worker
 
 
-def _refuse_unforkable_parent() -> None:
+def _refuse_unforkable_parent(caller: str) -> None:
     """Say what to move into the function now, instead of letting every forked worker crash."""
     import torch
 
@@ -128,13 +150,13 @@ def _refuse_unforkable_parent() -> None:
 
     if is_initialized():
         raise RuntimeError(
-            "notebook_launcher: an Accelerator already exists in this process; create it inside "
-            f"the function you launch, not in the notebook, {_RESTART}"
+            f"{caller}: an Accelerator already exists in this process; create it inside "
+            f"the function you launch, not in the notebook, {_RESTART.format(caller)}"
         )
     if torch.cuda.is_initialized():
         raise RuntimeError(
-            "notebook_launcher: CUDA is already initialised in this process, so forked workers "
+            f"{caller}: CUDA is already initialised in this process, so forked workers "
             "could not use it. Move every call that touches the GPU (`.cuda()`, `.to('cuda')`, "
             "`torch.cuda.*` allocations or seeding, building the model on the GPU) into the "
-            f"function you launch, {_RESTART}"
+            f"function you launch, {_RESTART.format(caller)}"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,8 +17,16 @@ from .base import Strategy
 class DDP(Strategy):
     """Each process holds the whole model; DDP averages gradients in backward."""
 
-    def __init__(self, state: ProcessState, **ddp_kwargs: Any) -> None:
+    def __init__(
+        self,
+        state: ProcessState,
+        comm_hook: Callable[[DistributedDataParallel], None] | None = None,
+        **ddp_kwargs: Any,
+    ) -> None:
+        """``comm_hook`` registers a communication hook on each wrapped model (see
+        ``handlers.comm_hook``)."""
         super().__init__(state)
+        self.comm_hook = comm_hook
         self.ddp_kwargs = ddp_kwargs
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -25,7 +34,10 @@ class DDP(Strategy):
             return model  # DDP refuses modules without trainable parameters
         device = self.state.device
         ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, **self.ddp_kwargs)
+        wrapped = DistributedDataParallel(model, device_ids=ids, **self.ddp_kwargs)
+        if self.comm_hook is not None:
+            self.comm_hook(wrapped)
+        return wrapped
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = super().unwrap_model(model)
