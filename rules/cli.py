@@ -145,11 +145,18 @@ def _check(  # typer passes every parameter by name
         return term.EXIT_ERROR
     if show_files or show_settings:
         named = [f for f in files if isinstance(f, str)]
+        if not named:
+            errors.print("no Python files found", markup=False)
+            return term.EXIT_ERROR
         if show_files:
             sys.stdout.writelines(f"{name}\n" for name in named)
-        else:
+            return term.EXIT_OK
+        try:
             sys.stdout.write(_settings_of(named[0], settings, select_codes, ignore_codes, rules))
-        return term.EXIT_OK if named else term.EXIT_ERROR
+        except (OSError, RuntimeError) as err:  # a symbolic link loop
+            errors.print(f"{named[0]}:0: {err}", markup=False)
+            return term.EXIT_ERROR
+        return term.EXIT_OK
     options = Options(select_codes, ignore_codes, fix, unsafe_fixes, diff, settings, stdin_filename)
     results = list(term.parallel_map(partial(check_file, options=options), files, jobs))
     said: set[str] = set()  # a settings file's mistake is met by every file it applies to
@@ -190,10 +197,15 @@ def _linted(paths: list[str], settings: config.Config | None) -> list[str | Sour
     return [
         found
         for found in iter_paths(paths, suffixes=(".py", ".ipynb"))
-        if not isinstance(found, str)
-        or found in named
-        or not config.for_file(found, settings).excludes(found)
+        if not isinstance(found, str) or found in named or not _excluded(found, settings)
     ]
+
+
+def _excluded(path: str, settings: config.Config | None) -> bool:
+    try:
+        return config.for_file(path, settings).excludes(path)
+    except (OSError, RuntimeError):  # a symbolic link loop: reading the file reports it
+        return False
 
 
 def _settings_of(
