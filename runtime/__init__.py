@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     )
     from .properties import FP8BackendType
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
-    from .state import AcceleratorState, DistributedType, GradientState, PartialState
+    from .state import AcceleratorState, DistributedType, PartialState
     from .tracking import GeneralTracker, LoggerType
 
 _HOMES = {
@@ -60,7 +60,6 @@ _HOMES = {
     "GeneralTracker": "tracking",
     "GradScalerKwargs": "handlers",
     "GradientAccumulationPlugin": "config",
-    "GradientState": "state",
     "InitProcessGroupKwargs": "handlers",
     "LocalSGD": "local_sgd",
     "LoggerType": "tracking",
@@ -101,7 +100,6 @@ __all__ = [
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
-    "GradientState",
     "InitProcessGroupKwargs",
     "LocalSGD",
     "LoggerType",

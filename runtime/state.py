@@ -185,10 +185,6 @@ class StepState:
         return bool(self.active_loaders)
 
 
-# HF Accelerate's name for it, for the scripts that import it (``isinstance`` checks, type hints).
-GradientState = StepState
-
-
 class PartialState:
     """HF's way to reach this process's state without an ``Accelerator``: ``PartialState()``
     returns the one :class:`ProcessState` of this process, resolving it on first use (then

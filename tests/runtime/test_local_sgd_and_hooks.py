@@ -1,5 +1,5 @@
-"""DDP communication hooks (``DistributedDataParallelKwargs(comm_hook=...)``), ``LocalSGD``,
-``GradientState`` and ``debug_launcher``, with HF Accelerate's names and semantics.
+"""DDP communication hooks (``DistributedDataParallelKwargs(comm_hook=...)``), ``LocalSGD`` and
+``debug_launcher``, with HF Accelerate's names and semantics.
 
 The 2-process checks share one run of fixtures/runtime/local_sgd_hooks.py (gloo on CPU).
 """
@@ -21,7 +21,6 @@ from accelify.runtime import (
     Accelerator,
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
-    GradientState,
     LocalSGD,
 )
 from accelify.runtime.handlers import collect, comm_hook
@@ -84,10 +83,6 @@ def test_no_hook_and_wrong_names() -> None:
         comm_hook(DistributedDataParallelKwargs(comm_hook="fp32"))
     with pytest.raises(ValueError, match="comm_wrapper"):
         comm_hook(DistributedDataParallelKwargs(comm_hook="fp16", comm_wrapper="power_sgd"))
-
-
-def test_gradient_state_is_what_the_accelerator_shares() -> None:
-    assert isinstance(Accelerator().gradient_state, GradientState)
 
 
 def test_local_sgd_on_one_process_changes_nothing() -> None:
