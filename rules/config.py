@@ -73,15 +73,11 @@ class Config:
         )
 
 
-def _read(path: Path) -> dict:
-    return tomllib.loads(_text(path))
-
-
-def _text(path: Path) -> str:
+def _read(path: Path) -> tuple[str, dict]:
+    """The file's text (to place mistakes at their line) and its TOML, read and parsed once."""
     try:
         text = path.read_text(encoding="utf-8")
-        tomllib.loads(text)
-        return text
+        return text, tomllib.loads(text)
     except OSError as err:
         raise SourceError(str(path), 0, err.strerror or str(err)) from None
     except tomllib.TOMLDecodeError as err:
@@ -102,8 +98,11 @@ def load(path: str | Path) -> Config:
     """Read the settings from ``path`` (a ``pyproject.toml`` or a TOML file of its own); a
     mistake is an error at its line, with the key or rule it most likely meant."""
     path = Path(path)
-    text = _text(path)
-    table = _table(path, tomllib.loads(text)) or {}
+    return _settings(path, *_read(path))
+
+
+def _settings(path: Path, text: str, data: dict) -> Config:
+    table = _table(path, data) or {}
     for key in sorted(set(table) - _KEYS):
         raise SourceError(
             str(path),
@@ -195,8 +194,10 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 def find(folder: Path) -> Config:
     """The settings for files in ``folder``: the nearest pyproject.toml with the table."""
     candidate = folder / "pyproject.toml"
-    if candidate.is_file() and _table(candidate, _read(candidate)) is not None:
-        return load(candidate)
+    if candidate.is_file():
+        text, data = _read(candidate)
+        if _table(candidate, data) is not None:
+            return _settings(candidate, text, data)
     if folder.parent == folder:
         return Config()
     return find(folder.parent)
