@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .checkpoint import load_checkpoint_in_model
     from .config import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
-    from .data import send_to_device, skip_first_batches
+    from .data import prepare_data_loader, send_to_device, skip_first_batches
     from .deepspeed_placeholders import DummyOptim, DummyScheduler
     from .handlers import (
         AutocastKwargs,
@@ -27,6 +27,18 @@ if TYPE_CHECKING:
         InitProcessGroupKwargs,
         ProfileKwargs,
     )
+    from .imports import (
+        is_bf16_available,
+        is_bnb_available,
+        is_cuda_available,
+        is_datasets_available,
+        is_fp16_available,
+        is_hpu_available,
+        is_mps_available,
+        is_pytest_available,
+        is_rocm_available,
+        is_xpu_available,
+    )
     from .launch.notebook import debug_launcher, notebook_launcher
     from .local_sgd import LocalSGD
     from .logging import get_logger
@@ -35,6 +47,7 @@ if TYPE_CHECKING:
         DistributedOperationException,
         broadcast,
         broadcast_object_list,
+        copy_tensor_to_devices,
         gather,
         gather_object,
         pad_across_processes,
@@ -42,7 +55,8 @@ if TYPE_CHECKING:
     )
     from .properties import FP8BackendType
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
-    from .state import AcceleratorState, DistributedType, PartialState
+    from .sharding import SeedableRandomSampler
+    from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .tracking import GeneralTracker, LoggerType
 
 _HOMES = {
@@ -60,6 +74,7 @@ _HOMES = {
     "GeneralTracker": "tracking",
     "GradScalerKwargs": "handlers",
     "GradientAccumulationPlugin": "config",
+    "GradientState": "state",
     "InitProcessGroupKwargs": "handlers",
     "LocalSGD": "local_sgd",
     "LoggerType": "tracking",
@@ -67,16 +82,29 @@ _HOMES = {
     "ProfileKwargs": "handlers",
     "ProjectConfiguration": "config",
     "RNGType": "rng",
+    "SeedableRandomSampler": "sharding",
     "broadcast": "ops",
     "broadcast_object_list": "ops",
+    "copy_tensor_to_devices": "ops",
     "debug_launcher": "launch.notebook",
     "find_executable_batch_size": "memory",
     "gather": "ops",
     "gather_object": "ops",
     "get_logger": "logging",
+    "is_bf16_available": "imports",
+    "is_bnb_available": "imports",
+    "is_cuda_available": "imports",
+    "is_datasets_available": "imports",
+    "is_fp16_available": "imports",
+    "is_hpu_available": "imports",
+    "is_mps_available": "imports",
+    "is_pytest_available": "imports",
+    "is_rocm_available": "imports",
+    "is_xpu_available": "imports",
     "load_checkpoint_in_model": "checkpoint",
     "notebook_launcher": "launch.notebook",
     "pad_across_processes": "ops",
+    "prepare_data_loader": "data",
     "reduce": "ops",
     "release_memory": "memory",
     "send_to_device": "data",
@@ -100,6 +128,7 @@ __all__ = [
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "GradientState",
     "InitProcessGroupKwargs",
     "LocalSGD",
     "LoggerType",
@@ -107,16 +136,29 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "SeedableRandomSampler",
     "broadcast",
     "broadcast_object_list",
+    "copy_tensor_to_devices",
     "debug_launcher",
     "find_executable_batch_size",
     "gather",
     "gather_object",
     "get_logger",
+    "is_bf16_available",
+    "is_bnb_available",
+    "is_cuda_available",
+    "is_datasets_available",
+    "is_fp16_available",
+    "is_hpu_available",
+    "is_mps_available",
+    "is_pytest_available",
+    "is_rocm_available",
+    "is_xpu_available",
     "load_checkpoint_in_model",
     "notebook_launcher",
     "pad_across_processes",
+    "prepare_data_loader",
     "reduce",
     "release_memory",
     "send_to_device",

@@ -98,6 +98,7 @@ class Accelerator(properties.SettingsFacts):
         self.mixed_precision = config.mixed_precision(mixed_precision)
         self.dataloader_config = _loader_config(dataloader_config, split_batches, even_batches)
         self._shared = _step_state(gradient_accumulation_plugin, gradient_accumulation_steps)
+        state.share_steps(self._shared)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_configuration = project_config or config.ProjectConfiguration()

@@ -9,8 +9,9 @@ generator stood when the epoch began, which is what a checkpoint needs to replay
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,14 +23,14 @@ from torch.utils.data import (
     RandomSampler,
 )
 
-from . import ops, rng
+from . import config, ops, rng
 from .sharding import (
-    EpochSeededSampler,
     IterableDatasetShard,
+    SeedableRandomSampler,
     ShardedBatchSampler,
     SkipBatchSampler,
 )
-from .state import ProcessState, StepState
+from .state import GradientState, PartialState, ProcessState, StepState
 
 # DataLoader arguments carried over to the rebuilt loader (those that exist in this torch).
 _LOADER_ARGS = (
@@ -291,6 +292,58 @@ def prepare_loader(
     )
 
 
+def prepare_data_loader(  # noqa: PLR0917 (HF Accelerate's signature, positional args included)
+    dataloader: DataLoader,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: Sequence[str] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Callable | None = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> PreparedDataLoader:
+    """HF Accelerate's ``prepare_data_loader``: what ``prepare()`` does to a loader, without an
+    ``Accelerator``. The process count, index and device default to this process's; the loader
+    reports to ``GradientState()``, the newest ``Accelerator``'s step state. Batches stay where
+    the dataset puts them unless ``put_on_device``, HF's default."""
+    if slice_fn_for_dispatch is not None or torch_device_mesh is not None:
+        raise ValueError(
+            "prepare_data_loader: slice_fn_for_dispatch and torch_device_mesh go with "
+            "dispatch_batches and tensor parallelism, which accelify does not support"
+        )
+    config.check_loader_config(
+        config.DataLoaderConfiguration(
+            dispatch_batches=dispatch_batches, use_stateful_dataloader=use_stateful_dataloader
+        )
+    )
+    here = PartialState()
+    state = dataclasses.replace(
+        here,
+        num_processes=here.num_processes if num_processes is None else num_processes,
+        process_index=here.process_index if process_index is None else process_index,
+        device=here.device if device is None else torch.device(device),
+    )
+    return prepare_loader(
+        dataloader,
+        state,
+        GradientState(),
+        split_batches=split_batches,
+        even_batches=even_batches,
+        device_placement=put_on_device,
+        non_blocking=non_blocking,
+        seedable_sampler=use_seedable_sampler,
+        data_seed=data_seed,
+        rng_types=[str(getattr(kind, "value", kind)) for kind in rng_types or ()],
+    )
+
+
 @contextlib.contextmanager
 def even_batches_overridden(
     loaders: Sequence[PreparedDataLoader], even_batches: bool | None
@@ -323,13 +376,20 @@ def even_batches_overridden(
 
 
 def _epoch_seeded(batch_sampler: Any, data_seed: int | None, device: torch.device) -> Any:
-    """``batch_sampler`` rebuilt over an :class:`EpochSeededSampler` when it shuffles with a
+    """``batch_sampler`` rebuilt over a :class:`SeedableRandomSampler` when it shuffles with a
     plain ``RandomSampler`` (others are kept); rank 0's seed is used everywhere."""
     if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
         return batch_sampler
     seed = data_seed if data_seed is not None else torch.initial_seed() % 2**63
     seed = int(ops.broadcast(torch.tensor(seed, device=device)).item())
-    sampler = EpochSeededSampler(batch_sampler.sampler, seed)
+    given = batch_sampler.sampler
+    sampler = SeedableRandomSampler(
+        given.data_source,
+        replacement=given.replacement,
+        num_samples=given._num_samples,
+        generator=torch.Generator(),
+        data_seed=seed,
+    )
     return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
 
 

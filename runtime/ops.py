@@ -184,6 +184,18 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     return data
 
 
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor one process holds, on every process (the others pass ``None`` and need not know
+    its shape or dtype): HF Accelerate's helper, a sum of the holder's tensor with zeros."""
+    from .state import PartialState
+
+    described = gather_object([None if tensor is None else (tuple(tensor.shape), tensor.dtype)])
+    shape, dtype = next(d for d in described if d is not None)
+    if tensor is None:
+        tensor = torch.zeros(shape, dtype=dtype, device=PartialState().device)
+    return reduce(tensor, reduction="sum")
+
+
 def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
     """Replace, in place, every process's picklable objects with those of ``from_process``.
 

@@ -167,22 +167,23 @@ class IterableDatasetShard(IterableDataset):
             yield from chunk[self.window]
 
 
-class EpochSeededSampler(RandomSampler):
-    """A ``RandomSampler`` whose order depends only on ``seed + epoch`` (HF Accelerate's
-    ``use_seedable_sampler``): re-seeding and ``set_epoch(e)`` replay epoch ``e`` exactly."""
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``initial_seed + epoch`` (HF Accelerate's
+    ``use_seedable_sampler``, with its signature): re-seeding and ``set_epoch(e)`` replay epoch
+    ``e`` exactly, and each finished pass moves to the next epoch, so a loop that never calls
+    ``set_epoch`` still reshuffles. ``data_seed`` defaults to torch's initial seed."""
 
-    def __init__(self, sampler: RandomSampler, seed: int) -> None:
-        super().__init__(
-            sampler.data_source,
-            replacement=sampler.replacement,
-            num_samples=sampler._num_samples,
-            generator=torch.Generator(),
-        )
-        self.initial_seed, self.epoch = seed, 0
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
+        self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
         self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)

@@ -185,6 +185,35 @@ class StepState:
         return bool(self.active_loaders)
 
 
+class GradientState:
+    """HF's ``GradientState()``: the step state of the newest ``Accelerator`` of this process
+    (HF shares one between all of them; accelify gives each its own and hands out the newest's).
+    Before any ``Accelerator``, a fresh one that the next ``GradientState()`` returns too; a
+    ``gradient_accumulation_plugin`` updates its accumulation settings, as in HF. Not a real
+    class: the object returned is a :class:`StepState`."""
+
+    def __new__(cls, gradient_accumulation_plugin: Any = None) -> StepState:  # type: ignore[misc]
+        shared = _newest_steps.get("steps")
+        if shared is None:
+            shared = _newest_steps["steps"] = StepState()
+        if gradient_accumulation_plugin is not None:
+            plugin = gradient_accumulation_plugin
+            shared.num_steps = plugin.num_steps or 1
+            shared.sync_with_dataloader = plugin.sync_with_dataloader
+            shared.sync_each_batch = plugin.sync_each_batch
+        return shared
+
+    @staticmethod
+    def _reset_state() -> None:
+        """HF's helper to start over: the next ``GradientState()`` is a fresh one."""
+        _newest_steps.clear()
+
+
+def share_steps(steps: StepState) -> None:
+    """Make ``steps`` (a new ``Accelerator``'s) what ``GradientState()`` returns."""
+    _newest_steps["steps"] = steps
+
+
 class PartialState:
     """HF's way to reach this process's state without an ``Accelerator``: ``PartialState()``
     returns the one :class:`ProcessState` of this process, resolving it on first use (then
@@ -221,6 +250,7 @@ class AcceleratorState(PartialState):
             reset()
 
 
+_newest_steps: dict[str, StepState] = {}  # "steps" -> what GradientState() returns
 _resolved: dict[str, ProcessState] = {}  # "state" -> the one ProcessState of this process
 
 

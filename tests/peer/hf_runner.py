@@ -5,10 +5,11 @@ Started by ``accel-run`` (one launch per script and process count)::
     hf_runner.py accelify|hf SCRIPT OUT_DIR [SKIP,...]
 
 The script (``accelerate/test_utils/scripts/SCRIPT.py``) is imported as HF ships it. With
-``accelify``, every module-level name it imported from ``accelerate`` that ``accelify.runtime``
-also exports (``Accelerator``, ``set_seed``, ``DistributedType``, the config classes, ...) is
-rebound to accelify's before anything runs; HF's fixtures (``RegressionModel``, ...) and helpers
-that accelify does not export stay HF's. With ``hf`` nothing is swapped: the baseline.
+``accelify``, every module-level name it imported from HF Accelerate's runtime (``Accelerator``,
+``set_seed``, ``GradientState``, ``prepare_data_loader``, ...) is rebound to accelify's before
+anything runs, in the HF test helpers it calls too; only HF's fixtures (``accelerate.test_utils``:
+``RegressionModel``, ...) stay HF's. A runtime name accelify lacks is recorded as the failed check
+``"<hf-left>"``. With ``hf`` nothing is swapped: the baseline.
 
 The script's own ``main()`` still decides which checks run and with which arguments; each check
 it calls (a module function named ``test_*``, ``check_*`` or ``*_check``) is wrapped so that a
@@ -36,17 +37,40 @@ from typing import Any
 SCRIPTS_PACKAGE = "accelerate.test_utils.scripts"
 
 
-def swap_to_accelify(module: ModuleType) -> list[str]:
-    """Rebind the module's HF Accelerate names that accelify exports; return them, sorted."""
+def swap_to_accelify(module: ModuleType) -> tuple[list[str], list[str]]:
+    """Rebind the script's HF Accelerate runtime names to accelify's, also inside the HF test
+    helpers it imports (``are_the_same_tensors`` reads ``AcceleratorState``); return the names
+    swapped and the runtime names left HF's because accelify has no such name, both sorted.
+
+    HF's test fixtures (``accelerate.test_utils``: ``RegressionModel``, ``assert_exception``, ...)
+    are data and checks, not runtime, so they stay HF's; nothing else may.
+    """
     import accelify.runtime as ours
 
-    swapped = []
-    for name, value in list(vars(module).items()):
-        came_from_hf = getattr(value, "__module__", "").split(".")[0] == "accelerate"
-        if came_from_hf and name in ours.__all__:
-            setattr(module, name, getattr(ours, name))
-            swapped.append(name)
-    return sorted(swapped)
+    helpers = {
+        sys.modules[value.__module__]
+        for value in vars(module).values()
+        if _from_hf(value) and _is_fixture(value)
+    }
+    swapped, left = set(), set()
+    for namespace in [module, *helpers]:
+        for name, value in list(vars(namespace).items()):
+            if not _from_hf(value) or _is_fixture(value) or inspect.ismodule(value):
+                continue
+            if name in ours.__all__:
+                setattr(namespace, name, getattr(ours, name))
+                swapped.add(name)
+            elif namespace is module:
+                left.add(name)
+    return sorted(swapped), sorted(left)
+
+
+def _from_hf(value: Any) -> bool:
+    return (getattr(value, "__module__", None) or "").split(".")[0] == "accelerate"
+
+
+def _is_fixture(value: Any) -> bool:
+    return value.__module__.startswith("accelerate.test_utils")
 
 
 def checks_called_by_main(module: ModuleType) -> list[str]:
@@ -111,9 +135,11 @@ def main(runtime: str, script: str, out_dir: str, skip: str = "") -> None:
     recorder = Recorder(Path(out_dir) / f"rank{rank}.jsonl")
     module = importlib.import_module(f"{SCRIPTS_PACKAGE}.{script}")
     if runtime == "accelify":
-        swapped = swap_to_accelify(module)
+        swapped, left = swap_to_accelify(module)
         if rank == 0:
             print(f"swapped to accelify: {', '.join(swapped)}", flush=True)
+        if left:
+            recorder.record("<hf-left>", RuntimeError(f"left HF's: {', '.join(left)}"))
     skipped = set(filter(None, skip.split(",")))
     for name in checks_called_by_main(module):
         function = _skipped if name in skipped else getattr(module, name)
