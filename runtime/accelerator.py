@@ -243,6 +243,9 @@ class Accelerator(properties.SettingsFacts):
             seedable_sampler=self.dataloader_config.use_seedable_sampler,
             data_seed=self.dataloader_config.data_seed,
             rng_types=self.rng_types,
+            # HF's None means True for iterable datasets; accelify then shards the stream on
+            # every process instead, which gives each process the same batches.
+            dispatch_batches=bool(self.dataloader_config.dispatch_batches),
         )
         self._dataloaders.append(prepared)
         return prepared

@@ -69,10 +69,7 @@ class GradientAccumulationPlugin:
 
 def check_loader_config(chosen: DataLoaderConfiguration) -> None:
     """Refuse the options accelify does not implement (works on HF's class too)."""
-    unsupported = {
-        "dispatch_batches=True": chosen.dispatch_batches,
-        "use_stateful_dataloader=True": chosen.use_stateful_dataloader,
-    }
+    unsupported = {"use_stateful_dataloader=True": chosen.use_stateful_dataloader}
     named = [name for name, used in unsupported.items() if used]
     if named:
         raise ValueError(

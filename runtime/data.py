@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -29,6 +31,7 @@ from .sharding import (
     SeedableRandomSampler,
     ShardedBatchSampler,
     SkipBatchSampler,
+    check_split,
 )
 from .state import GradientState, PartialState, ProcessState, StepState
 
@@ -120,6 +123,7 @@ class PreparedDataLoader(DataLoader):
         non_blocking: bool = False,
         rng_types: Sequence[str] = (),
         synchronized_generator: torch.Generator | None = None,
+        dispatch: Dispatch | None = None,
     ) -> None:
         if batch_sampler is None:  # iterable dataset: batching stays with DataLoader
             super().__init__(dataset, **loader_args)
@@ -139,10 +143,20 @@ class PreparedDataLoader(DataLoader):
         self._loader_args = loader_args
         self.rng_types = list(rng_types)  # synchronised from process 0 as each epoch starts
         self.synchronized_generator = synchronized_generator
+        self.dispatch = dispatch
 
     @property
     def iteration(self) -> int:
         return self._position.iteration
+
+    def __len__(self) -> int:
+        whole = super().__len__()
+        if self.dispatch is None or self.dispatch.split_batches:
+            return whole
+        n = self.dispatch.num_processes
+        return (
+            whole // n if getattr(self.index_batches, "drop_last", False) else math.ceil(whole / n)
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Forwarded to the sampler and dataset; epoch-seeded samplers reshuffle from it."""
@@ -167,7 +181,7 @@ class PreparedDataLoader(DataLoader):
         shared.active_loaders.append(self)
         shared.end_of_dataloader, shared.remainder = False, self.remainder
         try:
-            yield from self._batches(super().__iter__())
+            yield from self._batches(self._dispatched() if self.dispatch else super().__iter__())
             position.iteration += 1
         finally:
             position.epoch_start = None
@@ -194,13 +208,33 @@ class PreparedDataLoader(DataLoader):
         self.end_of_dataloader = self._step_state.end_of_dataloader = True
         yield current if device is None else send_to_device(current, device, non_blocking)
 
+    def _dispatched(self) -> Iterator[Any]:
+        """HF's ``dispatch_batches``: process 0 reads each round (``num_processes`` batches, or one
+        with ``split_batches``) and sends it to all, which keep their slice. A short last round is
+        completed from the first, as in HF, and its real size is the remainder."""
+        n, rank = self.dispatch.num_processes, self.dispatch.process_index
+        size = 1 if self.dispatch.split_batches else n
+        drop_last = getattr(self.index_batches, "drop_last", False) or self.drop_last
+        rounds = _rounds(super().__iter__(), size, drop_last) if rank == 0 else iter(())
+        first = None
+        while message := ops.broadcast_object_list([next(rounds, None)])[0]:
+            batch, last = message
+            first = batch if first is None else first
+            length = _length(batch)
+            share = length // n
+            if last:
+                self.remainder = self._step_state.remainder = length
+                if length % n:
+                    batch, share = _concatenate([batch, first]), share + 1
+            yield ops.apply(lambda tensor, k=share: tensor[rank * k : (rank + 1) * k], batch)
+
     def skipping(self, num_batches: int) -> PreparedDataLoader:
         """The same loader without its first ``num_batches`` batches (sharing the position)."""
         if self.index_batches is None or isinstance(self.dataset, IterableDataset):
             raise ValueError("skip_first_batches needs a map-style dataset with a batch sampler")
         return PreparedDataLoader(
             self.dataset,
-            batch_sampler=SkipBatchSampler(self.index_batches, num_batches),
+            batch_sampler=SkipBatchSampler(self.index_batches, num_batches * self._whole_per_own),
             device=self.device,
             step_state=self._step_state,
             position=self._position,
@@ -211,7 +245,60 @@ class PreparedDataLoader(DataLoader):
             non_blocking=self.non_blocking,
             rng_types=self.rng_types,
             synchronized_generator=self.synchronized_generator,
+            dispatch=self.dispatch,
         )
+
+    @property
+    def _whole_per_own(self) -> int:
+        """Batches of the underlying sampler per batch this process gets."""
+        if self.dispatch is None or self.dispatch.split_batches:
+            return 1
+        return self.dispatch.num_processes
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """Where a dispatching loader sends its rounds (see :meth:`PreparedDataLoader._dispatched`)."""
+
+    num_processes: int
+    process_index: int
+    split_batches: bool
+
+
+def _rounds(batches: Iterator[Any], size: int, drop_last: bool) -> Iterator[tuple[Any, bool]]:
+    """Rounds of ``size`` batches joined into one, each with whether it is the last one."""
+
+    def read() -> Any:
+        taken = list(itertools.islice(batches, size))
+        if not taken or (drop_last and len(taken) < size):
+            return None
+        return _concatenate(taken)
+
+    current = read()
+    while current is not None:
+        upcoming = read()
+        yield current, upcoming is None
+        current = upcoming
+
+
+def _concatenate(batches: list[Any]) -> Any:
+    """Batches of the same structure joined along their first dimension."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches)
+    if isinstance(first, dict):
+        return type(first)({key: _concatenate([b[key] for b in batches]) for key in first})
+    if isinstance(first, (list, tuple)):
+        parts = [_concatenate(list(column)) for column in zip(*batches, strict=True)]
+        return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
+    raise TypeError(f"dispatch_batches joins batches of tensors, not {type(first).__name__}")
+
+
+def _length(batch: Any) -> int:
+    """The batch's size: the first dimension of its first tensor."""
+    found: list[int] = []
+    ops.apply(lambda tensor: found.append(len(tensor)), batch)
+    return found[0]
 
 
 def prepare_loader(
@@ -226,6 +313,7 @@ def prepare_loader(
     seedable_sampler: bool = False,
     data_seed: int | None = None,
     rng_types: Sequence[str] = (),
+    dispatch_batches: bool = False,
 ) -> PreparedDataLoader:
     """Rebuild ``loader`` over this process's share of the batches.
 
@@ -234,7 +322,8 @@ def prepare_loader(
     ``seedable_sampler`` a shuffling sampler is replaced by one seeded with ``data_seed`` (else
     torch's initial seed) plus the epoch. ``rng_types`` (HF's ``Accelerator(rng_types=...)``)
     are synchronised at the start of each epoch; ``"generator"``, the sampler's (or iterable
-    dataset's) generator, only where processes share one, as in HF.
+    dataset's) generator, only where processes share one, as in HF. With ``dispatch_batches``
+    only process 0 reads the data, whole, and sends each process its share of every round.
     """
     args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     generator = None
@@ -246,7 +335,16 @@ def prepare_loader(
     if seedable_sampler:
         batch_sampler = _epoch_seeded(batch_sampler, data_seed, state.device)
     batch_size = getattr(batch_sampler, "batch_size", None) or loader.batch_size
-    if isinstance(dataset, IterableDataset):
+    dispatch = Dispatch(n, rank, split_batches) if dispatch_batches and n > 1 else None
+    if dispatch is not None:
+        if batch_size is None:
+            raise ValueError("dispatch_batches needs a DataLoader with a batch_size")
+        if split_batches:
+            check_split(batch_size, n)
+        if isinstance(dataset, IterableDataset):
+            batch_sampler = None
+            args.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif isinstance(dataset, IterableDataset):
         batch_sampler = None
         if n > 1:
             generator = getattr(dataset, "generator", None)
@@ -289,6 +387,7 @@ def prepare_loader(
         non_blocking=non_blocking,
         rng_types=[kind for kind in rng_types if kind != "generator" or generator is not None],
         synchronized_generator=generator,
+        dispatch=dispatch,
     )
 
 
@@ -315,13 +414,11 @@ def prepare_data_loader(  # noqa: PLR0917 (HF Accelerate's signature, positional
     the dataset puts them unless ``put_on_device``, HF's default."""
     if slice_fn_for_dispatch is not None or torch_device_mesh is not None:
         raise ValueError(
-            "prepare_data_loader: slice_fn_for_dispatch and torch_device_mesh go with "
-            "dispatch_batches and tensor parallelism, which accelify does not support"
+            "prepare_data_loader: slice_fn_for_dispatch and torch_device_mesh are not supported "
+            "by accelify (batches are sliced along their first dimension; no tensor parallelism)"
         )
     config.check_loader_config(
-        config.DataLoaderConfiguration(
-            dispatch_batches=dispatch_batches, use_stateful_dataloader=use_stateful_dataloader
-        )
+        config.DataLoaderConfiguration(use_stateful_dataloader=use_stateful_dataloader)
     )
     here = PartialState()
     state = dataclasses.replace(
@@ -341,6 +438,7 @@ def prepare_data_loader(  # noqa: PLR0917 (HF Accelerate's signature, positional
         seedable_sampler=use_seedable_sampler,
         data_seed=data_seed,
         rng_types=[str(getattr(kind, "value", kind)) for kind in rng_types or ()],
+        dispatch_batches=bool(dispatch_batches),
     )
 
 

@@ -16,6 +16,15 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
 
+def check_split(batch_size: int | None, num_processes: int) -> None:
+    """``split_batches`` gives each process an equal slice of every batch, so it needs one."""
+    if batch_size is None or batch_size % num_processes:
+        raise ValueError(
+            f"split_batches needs a batch size divisible by the {num_processes} processes, "
+            f"got {batch_size}"
+        )
+
+
 class ShardedBatchSampler(BatchSampler):
     """One process's share of ``batch_sampler``'s batches, same order on every process."""
 
@@ -28,11 +37,8 @@ class ShardedBatchSampler(BatchSampler):
         even_batches: bool = True,
     ) -> None:
         batch_size = getattr(batch_sampler, "batch_size", None)
-        if split_batches and (batch_size is None or batch_size % num_processes):
-            raise ValueError(
-                f"split_batches needs a batch size divisible by the {num_processes} processes, "
-                f"got {batch_size}"
-            )
+        if split_batches:
+            check_split(batch_size, num_processes)
         if not even_batches and batch_size is None:
             raise ValueError("even_batches=False needs a batch sampler with a batch_size")
         self.batch_sampler = batch_sampler

@@ -46,8 +46,9 @@ def test_giving_an_option_twice_is_refused() -> None:
 
 
 def test_unimplemented_loader_options_are_refused_not_ignored() -> None:
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
-    with pytest.raises(ValueError, match=r"dispatch_batches=True\) is not supported"):
+    config = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = Accelerator(dataloader_config=config)
+    with pytest.raises(ValueError, match=r"use_stateful_dataloader=True\) is not supported"):
         accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
 
 

@@ -4,6 +4,8 @@ queries, each checked against HF's own on one process (the peer suite runs them 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import accelerate
 import accelerate.data_loader
 import accelerate.utils
@@ -20,6 +22,10 @@ from accelify.runtime import (
     copy_tensor_to_devices,
     prepare_data_loader,
 )
+
+from .test_multiprocess import _records, _run
+
+DISPATCH = Path(__file__).parents[2] / "fixtures" / "runtime" / "dispatch_toy.py"
 
 
 def _batches(loader: DataLoader) -> list[list[int]]:
@@ -44,10 +50,22 @@ def test_prepare_data_loader_gives_each_process_hfs_batches(
 
 def test_prepare_data_loader_refuses_what_it_cannot_do_by_name() -> None:
     loader = DataLoader(range(8), batch_size=2)
-    with pytest.raises(ValueError, match="dispatch_batches=True"):
-        prepare_data_loader(loader, dispatch_batches=True)
+    with pytest.raises(ValueError, match="use_stateful_dataloader=True"):
+        prepare_data_loader(loader, use_stateful_dataloader=True)
     with pytest.raises(ValueError, match="slice_fn_for_dispatch"):
         prepare_data_loader(loader, slice_fn_for_dispatch=lambda batch, *_: batch)
+
+
+def test_dispatched_batches_are_hfs_on_two_processes(tmp_path: Path) -> None:
+    """Process 0 reads every round and sends each process its slice: map-style and streamed,
+    uneven, shuffled, dict batches, split or not; batches, len() and gather_for_metrics as HF."""
+    _run(tmp_path, processes=2, script=DISPATCH)
+    _run(tmp_path, "--impl", "hf", processes=2, script=DISPATCH, env={"ACCELERATE_USE_CPU": "1"})
+    ours, theirs = _records(tmp_path, "accelify"), _records(tmp_path, "hf")
+    assert len(ours) == 2 and ours == theirs
+    padded = ours[1]["map_split0"]
+    assert padded["batches"][-1] == [19, 20, 0], "a short last round is completed from the first"
+    assert padded["gathered"][-1] == [16, 17, 18, 19, 20], "and gather_for_metrics trims it"
 
 
 def test_prepare_data_loader_reports_to_the_newest_accelerators_step_state() -> None:
