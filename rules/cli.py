@@ -9,7 +9,7 @@ import io
 import sys
 from collections.abc import Sequence
 from functools import partial
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,9 +17,13 @@ from accelify.rules import config
 from accelify.rules.checks import all_rules
 from accelify.rules.formats import MACHINE, OutputFormat, render_statistics, render_text
 from accelify.rules.rule import Rule
-from accelify.rules.runner import Options, check_file
+from accelify.rules.runner import FileResult, Options, check_file
 from accelify.transform import console as term
+from accelify.transform.progress import progress
 from accelify.transform.sources import SourceError, iter_paths, write_atomic
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PROG = "accel-lint"
 
@@ -158,7 +162,8 @@ def _check(  # typer passes every parameter by name
             return term.EXIT_ERROR
         return term.EXIT_OK
     options = Options(select_codes, ignore_codes, fix, unsafe_fixes, diff, settings, stdin_filename)
-    results = list(term.parallel_map(partial(check_file, options=options), files, jobs))
+    # A progress line is for people: not under -q, never in a report a program reads.
+    results = _results(files, options, jobs, errors, show=not quiet and output_format == "text")
     said: set[str] = set()  # a settings file's mistake is met by every file it applies to
     for result in results:
         for line in [*result.notes, *([result.error] if result.error else [])]:
@@ -188,6 +193,19 @@ def _check(  # typer passes every parameter by name
     if failed:
         return term.EXIT_ERROR
     return term.EXIT_FOUND if found and not exit_zero else term.EXIT_OK
+
+
+def _results(
+    files: list[str | SourceError],
+    options: Options,
+    jobs: int,
+    out: Console | term.PlainConsole,
+    show: bool,
+) -> list[FileResult]:
+    """Every file's result, in order; a long run on a terminal counts them on a passing line."""
+    checked = term.parallel_map(partial(check_file, options=options), files, jobs)
+    with progress(checked, len(files), out, show=show, doing="Linting") as each:
+        return list(each)
 
 
 def _linted(paths: list[str], settings: config.Config | None) -> list[str | SourceError]:

@@ -86,9 +86,18 @@ def _read(path: Path) -> tuple[str, dict]:
         ) from None
 
 
-def _table(path: Path, data: dict) -> dict | None:
-    """The ``[tool.accelify.lint]`` table; a non-pyproject TOML file may hold it at top level."""
-    table = data.get("tool", {}).get("accelify", {}).get("lint")
+def _table(path: Path, text: str, data: dict) -> dict | None:
+    """The ``[tool.accelify.lint]`` table; a non-pyproject TOML file may hold it at top level.
+
+    A ``[tool.accel-lint]`` table, named after the command as Ruff's ``[tool.ruff]`` is, would be
+    ignored without a word: an error at its line that names the right table."""
+    tool = data.get("tool", {})
+    if "accel-lint" in tool:
+        header = re.search(r"^[ \t]*\[[ \t]*tool[ \t]*\.[ \t]*[\"']?accel-lint\b", text, re.M)
+        line = text.count("\n", 0, header.start()) + 1 if header else 1
+        message = "unknown table [tool.accel-lint] (did you mean [tool.accelify.lint]?)"
+        raise SourceError(str(path), line, message)
+    table = tool.get("accelify", {}).get("lint")
     if table is None and path.name != "pyproject.toml":
         table = data
     return table
@@ -102,7 +111,7 @@ def load(path: str | Path) -> Config:
 
 
 def _settings(path: Path, text: str, data: dict) -> Config:
-    table = _table(path, data) or {}
+    table = _table(path, text, data) or {}
     for key in sorted(set(table) - _KEYS):
         raise SourceError(
             str(path),
@@ -171,7 +180,8 @@ def _line(text: str, word: str, assigned: bool) -> int:
     """The line of ``text`` that sets key ``word`` (``assigned``) or quotes the string ``word``;
     1 when there is none to find (a key written as a dotted name, say)."""
     quoted = rf"[\"']{re.escape(word)}[\"']"
-    pattern = rf"^\s*(?:{quoted}|{re.escape(word)})\s*=" if assigned else quoted
+    # [ \t], not \s: a blank line above the key must not count as the key's line.
+    pattern = rf"^[ \t]*(?:{quoted}|{re.escape(word)})[ \t]*=" if assigned else quoted
     match = re.search(pattern, text, re.MULTILINE)
     return text.count("\n", 0, match.start()) + 1 if match else 1
 
@@ -196,7 +206,7 @@ def find(folder: Path) -> Config:
     candidate = folder / "pyproject.toml"
     if candidate.is_file():
         text, data = _read(candidate)
-        if _table(candidate, data) is not None:
+        if _table(candidate, text, data) is not None:
             return _settings(candidate, text, data)
     if folder.parent == folder:
         return Config()

@@ -203,7 +203,7 @@ def _parse(kind: str, keys: Mapping[str, Key], values: Mapping, flags: bool = Fa
     for key, value in values.items():
         where = f"--{key.replace('_', '-')}" if flags else key
         if key not in keys:
-            raise ValueError(f"{key}: unknown key (accel-run reads: {', '.join(sorted(keys))})")
+            raise ValueError(f"{key}: {cfg.unknown_key(key, keys)}")
         if value is None:
             continue
         try:

@@ -17,13 +17,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
 from accelify.runtime import NEEDS_TORCH
 from accelify.runtime.launch import backends, foreign_flags
 from accelify.runtime.launch import config as cfg
+from accelify.runtime.launch.terminal import console
 
 PROG = "accel-run"
 EXAMPLES = """\
@@ -139,11 +139,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         shown = copy.copy(action)
         shown.option_strings = dashed
         return super()._format_action_invocation(shown)
-
-
-def _console() -> Console:
-    """Styled on a terminal, plain text in a pipe (rich decides); never re-wrapped."""
-    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _flag(name: str) -> list[str]:
@@ -283,7 +278,7 @@ def _parsed(flag: str, name: str, raw: str) -> Any:
 
 def _warn(message: str, quiet: bool) -> None:
     if not quiet:
-        _console().print(Text(f"{PROG}: {message}"))
+        console(stderr=True).print(Text(f"{PROG}: {message}"))
 
 
 def _on_terminal() -> bool:
@@ -379,7 +374,7 @@ def _run(args: argparse.Namespace) -> int:
     report = run_elastic(settings, entrypoint, command, "spawn", PROG)
     if report is None:
         return 0
-    _console().print(Text(report.text))
+    console(stderr=True).print(Text(report.text))
     return report.exit_code
 
 
@@ -439,14 +434,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         code = command(rest)
     except (UsageError, cfg.ConfigError) as err:
-        _console().print(f"[bold red]{PROG}: error:[/] {escape(str(err))}")
+        console(stderr=True).print(f"[bold red]{PROG}: error:[/] {escape(str(err))}")
         code = 2
     except KeyboardInterrupt:
-        _console().print(Text(f"{PROG}: interrupted"))
+        console(stderr=True).print(Text(f"{PROG}: interrupted"))
         code = 130
     except ModuleNotFoundError as err:  # a launch with `pip install accelify` (no runtime extra)
         if err.name != "torch":
             raise
-        _console().print(f"[bold red]{PROG}: error:[/] {escape(NEEDS_TORCH)}")
+        console(stderr=True).print(f"[bold red]{PROG}: error:[/] {escape(NEEDS_TORCH)}")
         code = 2
     sys.exit(code)

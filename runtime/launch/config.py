@@ -8,9 +8,10 @@ parser in :data:`SECTIONS` (its :class:`Section` brings its children's env) and 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -327,8 +328,16 @@ def _take(values: dict[str, Any], key: str, value: object) -> None:
     elif key.endswith("_config") and not value:
         return  # an empty section of a backend we do not launch (accelerate writes `{}` ones)
     else:
-        known = ", ".join(sorted(FILE_KEYS | set(SECTIONS)))
-        raise ValueError(f"unknown key (accel-run reads: {known})")
+        raise ValueError(unknown_key(key, FILE_KEYS | set(SECTIONS) | {"dynamo_config"}))
+
+
+def unknown_key(key: str, known: Iterable[str]) -> str:
+    """A key accel-run does not read, with the one it most likely meant (``num_procesess``), as
+    Ruff and cargo answer a misspelt setting; else every key it reads."""
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    if close:
+        return f"unknown key (did you mean {close[0]}?)"
+    return f"unknown key (accel-run reads: {', '.join(sorted(known))})"
 
 
 def _dynamo_section(section: object) -> dict[str, Any]:
@@ -339,7 +348,7 @@ def _dynamo_section(section: object) -> dict[str, Any]:
     for key, value in section.items():
         name = key if str(key).startswith("dynamo_") else f"dynamo_{key}"
         if name not in DYNAMO_KEYS:
-            raise ValueError(f"{key}: unknown key (accel-run reads: {', '.join(DYNAMO_KEYS)})")
+            raise ValueError(f"{key}: {unknown_key(name, DYNAMO_KEYS)}")
         try:
             values[name] = parse_value(name, value)
         except ValueError as err:

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
 from rich.prompt import Confirm, Prompt
 
 from accelify.runtime.launch import config as cfg
+from accelify.runtime.launch.terminal import console
 
 
 def write_config(path: Path, flags: dict[str, Any], interactive: bool, force: bool) -> Path:
@@ -31,15 +33,17 @@ def write_config(path: Path, flags: dict[str, Any], interactive: bool, force: bo
 
 
 def _ask(defaults: dict[str, Any]) -> dict[str, Any]:
+    out = console()
     try:
-        use_cpu = Confirm.ask("Run on CPU only?", default=defaults["use_cpu"])
+        use_cpu = Confirm.ask("Run on CPU only?", default=defaults["use_cpu"], console=out)
         processes = _ask_until_valid(
-            "How many processes in total?", str(defaults["num_processes"]), cfg.positive_int
+            "How many processes in total?", str(defaults["num_processes"]), cfg.positive_int, out
         )
         precision = Prompt.ask(
             "Mixed precision?",
             choices=list(cfg.MIXED_PRECISIONS),
             default=defaults.get("mixed_precision", "no"),
+            console=out,
         )
     except EOFError:
         print()  # end the unanswered prompt's line
@@ -49,9 +53,11 @@ def _ask(defaults: dict[str, Any]) -> dict[str, Any]:
     return {"use_cpu": use_cpu, "num_processes": processes, "mixed_precision": precision}
 
 
-def _ask_until_valid(question: str, default: str, parse: Callable[[object], Any]) -> Any:
+def _ask_until_valid(
+    question: str, default: str, parse: Callable[[object], Any], out: Console
+) -> Any:
     while True:
         try:
-            return parse(Prompt.ask(question, default=default))
+            return parse(Prompt.ask(question, default=default, console=out))
         except ValueError as err:
             print(f"  {err}")
