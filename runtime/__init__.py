@@ -1,8 +1,9 @@
 """The bundled runtime: an Accelerate-compatible ``Accelerator`` and the ``accel-run`` launcher.
 
 The public names load on first use, so ``accel-run --help`` and ``accel-run config`` answer
-without importing torch, also where it is not installed (``pip install accelify`` leaves it out);
-``from accelify.runtime import Accelerator`` works as usual, or says in one line what to install.
+without importing torch, also where it is not installed (the light install, without the
+``runtime`` extra, leaves it out); ``from accelify.runtime import Accelerator`` works as usual,
+or says in one line what to install.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-NEEDS_TORCH = "accelify.runtime needs torch: pip install 'accelify[runtime]' (or install torch)"
+NEEDS_TORCH = (
+    "accelify.runtime needs torch: install the runtime extra "
+    "(pip install -e '.[runtime]' in a checkout of accelify) or torch itself"
+)
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator

@@ -66,7 +66,10 @@ def test_the_tools_install_and_run_without_torch(tmp_path: Path) -> None:
     assert lint.returncode == 1 and "ACL201" in lint.stdout
     convert = run(bin_ / "accel-convert", "--check", ROOT / "fixtures" / "convert" / "mnist.in.py")
     assert convert.returncode == 1 and "would be converted" in convert.stdout + convert.stderr
-    needs = "accelify.runtime needs torch: pip install 'accelify[runtime]' (or install torch)"
+    needs = (
+        "accelify.runtime needs torch: install the runtime extra "
+        "(pip install -e '.[runtime]' in a checkout of accelify) or torch itself"
+    )
     runtime = run(bin_ / "python", "-c", "from accelify.runtime import Accelerator")
     assert runtime.returncode == 1
     assert runtime.stderr.strip().splitlines()[-1] == f"ModuleNotFoundError: {needs}"

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         console(stderr=True).print(Text(f"{PROG}: interrupted"))
         code = 130
-    except ModuleNotFoundError as err:  # a launch with `pip install accelify` (no runtime extra)
+    except ModuleNotFoundError as err:  # a launch from the light install (no runtime extra)
         if err.name != "torch":
             raise
         console(stderr=True).print(f"[bold red]{PROG}: error:[/] {escape(NEEDS_TORCH)}")
