@@ -161,7 +161,7 @@ def test_pre_commit_snippet_runs_as_pasted(published: str, user_repo: Path, tmp_
     assert result.returncode == 1, out + result.stderr
     lint, convert = out.split("accel-convert --check")
     assert "planted.py:10:5: ACL201" in lint
-    assert "train.py:20: needs a human: " in convert
+    assert "train.py:20: ACL212 needs a human: " in convert
     assert "notes.txt" not in out
 
 

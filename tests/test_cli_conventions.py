@@ -388,10 +388,7 @@ ENTRIES = {CONVERT.name: "convert", LINT.name: "lint"}
 CHECKS = {CONVERT.name: ("--check",), LINT.name: ()}
 MACHINE = {CONVERT.name: ("--output-format", "github"), LINT.name: ("--output-format", "json")}
 SUMMARY = {CONVERT.name: "would be converted", LINT.name: "Found 50 problems"}
-NOT_WIRED = pytest.mark.xfail(
-    strict=True, reason="transform/cli.py does not call transform/progress.py yet"
-)
-PROGRESS_CLIS = [pytest.param(CONVERT, id=CONVERT.name, marks=NOT_WIRED), pytest.param(LINT)]
+PROGRESS_CLIS = [CONVERT, LINT]
 
 
 def many(cli: Cli, work: Path, count: int, *args: str) -> list[str]:

@@ -4,6 +4,10 @@ It decides where each converted source goes (standard output, ``-o OUT``, the fi
 or nowhere for ``--check``), writes atomically in the file's own encoding, and reports per file on
 standard error with the exit codes CI gates on (0 done, 1 changes found by --check/--diff, 2 error).
 A bad file is reported in one ``path:line: message`` line and never stops the other files.
+
+The report is quiet by default, as Ruff's is: a line per file, every place that needs a human (with
+its code and the page that explains it) and the totals; ``-v`` lists every change, ``-q`` drops the
+per-file lines.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from typing import Annotated, Literal
 
 import typer
 
+from accelify.transform import codes
 from accelify.transform import console as term
 from accelify.transform.convert import Result, convert
 from accelify.transform.lines import LineMap
 from accelify.transform.notebook import NotebookResult, convert_notebook
-from accelify.transform.plan import MixedPrecision, Options, Target
+from accelify.transform.plan import MixedPrecision, Note, Options, Target
+from accelify.transform.progress import progress
 from accelify.transform.sources import (
     STDIN,
     Skipped,
@@ -37,8 +43,9 @@ from accelify.transform.sources import (
 PROG = "accel-convert"
 Mode = Literal["print", "output", "inplace", "diff", "check"]
 OutputFormat = Literal["text", "github"]
+Level = Literal["quiet", "default", "verbose"]
 
-HELP = """Rewrite plain PyTorch training scripts for an Accelerator.
+HELP = f"""Rewrite plain PyTorch training scripts for an Accelerator.
 
 Drops .to(device)/.cuda() calls, wraps model, optimizers, loaders and schedulers in
 accelerator.prepare(...), swaps loss.backward() for accelerator.backward(loss), and turns native
@@ -51,6 +58,13 @@ several files need --inplace, --diff or --check. Each PATH is a file or a folder
 *.ipynb notebooks, which are rewritten only when named); - reads standard input. A notebook's code
 cells are converted as one script and reported as path:cell N:line; one in another language (an
 R or Julia kernel) is skipped with a note.
+
+The report goes to standard error: a line per file (converted, left unchanged or nothing to
+convert), every place that needs a human, and the totals. -v adds every change and every note on
+code left as it is; -q keeps only the needs-a-human lines, errors and the totals. Each line has a
+code with a page at {codes.DOCS_URL}reference/ (linked on a terminal, its URL
+printed after a needs-a-human line in a pipe): ACC1xx-3xx a conversion step, ACR1xx-3xx why a file
+or setup is left unchanged, ACLxxx the accel-lint rule that flags what is left to do.
 
 Exit status: 0 done or nothing to change, 1 --check or --diff found changes, 2 an error
 (errors win).
@@ -140,12 +154,18 @@ def _command(  # typer passes every parameter by name
             help="Convert in N processes; 0 = all cores (default: 1).",
         ),
     ] = 1,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Also list every change and every note, with its code."
+        ),
+    ] = False,
     quiet: Annotated[
         bool,
         typer.Option(
             "--quiet",
             "-q",
-            help="Hide change lines and the summary (errors and needs-a-human stay).",
+            help="Only errors, needs-a-human lines and the totals (no line per file).",
         ),
     ] = False,
     color: term.ColorOption = "auto",
@@ -162,27 +182,34 @@ def _command(  # typer passes every parameter by name
     options = Options(target, mixed_precision, gradient_accumulation_steps)
     if strict and mode not in ("check", "diff"):
         return term.usage_error(PROG, "--strict goes with --check or --diff")
-    report = _Report(quiet=quiet, mode=mode, github=output_format == "github", strict=strict)
+    if quiet and verbose:
+        return term.usage_error(PROG, "choose one of -q, -v")
+    level: Level = "quiet" if quiet else "verbose" if verbose else "default"
+    report = _Report(level=level, mode=mode, github=output_format == "github", strict=strict)
     names = list(iter_paths(paths, _walked_suffixes(mode)))
     # Each file is read where it is converted, so a run holds one file's text at a time, not
     # every file's (1,000 files: 28 MB more). Only a worker process cannot read standard input.
     items = [_load(path, stdin_filename) if path == STDIN else path for path in names]
     convert_one = partial(_read_and_convert, options=options, launcher=notebook_launcher)
     converted = term.parallel_map(convert_one, items, jobs)
-    for path, (item, converted_or_error) in zip(names, converted, strict=True):
-        outcome = converted_or_error
-        if isinstance(outcome, Skipped) and isinstance(item, Source):
-            report.skipped(outcome)
-            outcome = Result(item.text, original=item.text)  # goes through as it came
-        elif isinstance(outcome, SourceError):
-            report.error(outcome)
-            continue
-        try:
-            written = _emit(mode, item, outcome, output, from_stdin=path == STDIN)
-        except SourceError as err:
-            report.error(err)
-            continue
-        report.done(item.path, outcome, written)
+    # A progress line is for people, and not over a diff that another console writes to stdout.
+    shown = not quiet and mode in ("check", "inplace") and output_format == "text"
+    with progress(converted, len(names), report.err, show=shown, doing="Converting") as each:
+        for path, (item, converted_or_error) in zip(names, each, strict=True):
+            outcome = converted_or_error
+            if isinstance(outcome, Skipped) and isinstance(item, Source):
+                report.skipped(outcome)
+                outcome = Result(item.text, original=item.text)  # goes through as it came
+            elif isinstance(outcome, SourceError):
+                report.error(outcome)
+                continue
+            try:
+                written = _emit(mode, item, outcome, output, from_stdin=path == STDIN)
+            except SourceError as err:
+                report.error(err)
+                continue
+            skipped = isinstance(converted_or_error, Skipped)
+            report.done(item.path, outcome, written, skipped=skipped)
     report.summary(total=len(names))
     return report.exit_code()
 
@@ -294,14 +321,15 @@ def _print_diff(before: str, after: str, path: str) -> None:
 
 def github_annotations(path: str, result: Result) -> Iterator[str]:
     """``--check --output-format github``: one warning per block of lines that would change (the
-    change as -/+ lines, with the notes about it) and one per place that needs a human.
+    change as -/+ lines, with the notes about it) and one per place that needs a human, each note
+    with its code (and a needs-a-human one with its page).
 
     A notebook's changes are annotated on its JSON lines; its notes, whose lines are its cells',
     name the cell and sit on the file's first line."""
     notebook = isinstance(result, NotebookResult)
     for first, last, removed, added in LineMap(result.original, result.code).hunks():
         about = [
-            n.message
+            _coded(n)
             for n in result.notes
             if not n.manual and first <= n.line <= last and not notebook
         ]
@@ -319,22 +347,34 @@ def github_annotations(path: str, result: Result) -> Iterator[str]:
             where = f"{_where(result, note.line, None)[0]}: " if notebook else ""
             yield term.github_annotation(
                 "warning",
-                where + note.message,
+                where + _coded(note) + _see(note),
                 file=path,
                 line=1 if notebook else max(note.line, 1),
                 title="accel-convert needs a human",
             )
 
 
-class _Report:
-    """The per-file lines and the summary on standard error, and the exit code they add up to.
+def _coded(note: Note) -> str:
+    """A note's message after its code."""
+    return f"{note.shown} {note.message}" if note.shown else note.message
 
-    Line numbers are the input's, except after a write: then they are the written file's, so
-    ``path:line`` opens the code the note is about (with the input's line where it moved).
+
+def _see(note: Note) -> str:
+    """Where a needs-a-human note's page is, in plain text (a pipe, a CI log)."""
+    return f" (see {codes.url(note.shown)})" if note.shown else ""
+
+
+class _Report:
+    """What goes to standard error, and the exit code it adds up to.
+
+    By default a line per file, every needs-a-human line and the totals; ``verbose`` adds every
+    change and info line, ``quiet`` drops the per-file lines. Line numbers are the input's, except
+    after a write: then they are the written file's, so ``path:line`` opens the code the note is
+    about (with the input's line where it moved).
     """
 
-    def __init__(self, *, quiet: bool, mode: Mode, github: bool, strict: bool) -> None:
-        self.quiet, self.mode, self.github, self.strict = quiet, mode, github, strict
+    def __init__(self, *, level: Level, mode: Mode, github: bool, strict: bool) -> None:
+        self.level, self.mode, self.github, self.strict = level, mode, github, strict
         self.dry = mode in ("diff", "check")
         self.err = term.console(stderr=True)
         self.changed = self.manual = self.errors = self.skipped_files = 0
@@ -346,27 +386,65 @@ class _Report:
     def skipped(self, note: Skipped) -> None:
         """A file left alone on purpose: a line (not under --quiet), no error."""
         self.skipped_files += 1
-        if not self.quiet:
+        if self.level != "quiet":
             self.err.print(term.styled(self.err, (str(note), "dim")))
 
-    def done(self, path: str, result: Result, written: str | None) -> None:
+    def done(self, path: str, result: Result, written: str | None, *, skipped: bool) -> None:
+        """One file's lines; a skipped file already has its line."""
         self.changed += result.changed
+        self.manual += len(result.manual)
         if self.github:
             sys.stdout.writelines(f"{line}\n" for line in github_annotations(path, result))
+        if self.level != "quiet" and not skipped:
+            self.err.print(term.styled(self.err, *self._file_line(path, result, written)))
         moved = LineMap(result.original, result.code) if written and result.notes else None
         for note in result.notes:
-            self.manual += note.manual
-            if self.quiet and not note.manual:
-                continue
-            line, was = _where(result, note.line, moved, note.shows)
-            tag = ("needs a human: ", "yellow") if note.manual else ""
-            where = (f"{written or path}:{line}: ", "bold")
-            self.err.print(term.styled(self.err, where, tag, note.message, was))
+            if note.manual or self.level == "verbose":
+                line, was = _where(result, note.line, moved, note.shows)
+                where = (f"{written or path}:{line}: ", "bold")
+                self.err.print(
+                    term.styled(self.err, where, *self._note(note), was, *self._link(note))
+                )
+
+    def _file_line(
+        self, path: str, result: Result, written: str | None
+    ) -> list[str | tuple[str, str]]:
+        """``path: converted, 18 changes``, ``left unchanged (needs a human)`` or ``nothing to
+        convert``: what became of one file, in one line."""
+        manual = len(result.manual)
+        if result.changed:
+            changes = sum(not (n.manual or n.info) for n in result.notes)
+            what = [f"{'would be converted' if self.dry else 'converted'}, "]
+            what.append(_plural(changes, "change"))
+            parts: list[str | tuple[str, str]] = ["".join(what)]
+            if manual:
+                parts.append((f", {_plural(manual, 'place')} to finish by hand", "yellow"))
+            if written and written != path:
+                parts.append(f" (written to {written})")
+        elif manual:
+            parts = [("left unchanged (needs a human)", "yellow")]
+        else:
+            parts = ["nothing to convert"]
+        return [(f"{path}: ", "bold"), *parts]
+
+    def _note(self, note: Note) -> list[str | tuple[str, str]]:
+        """The code (a link to its page on a terminal) and the message."""
+        tag = ("needs a human: ", "yellow") if note.manual else ""
+        if note.shown is None:
+            return [tag, note.message]
+        style = "yellow" if note.manual else "cyan"
+        if self.err.is_terminal:
+            style = f"{style} link {codes.url(note.shown)}"
+        return [(note.shown, style), " ", tag, note.message]
+
+    def _link(self, note: Note) -> list[str]:
+        """A needs-a-human line's page, in plain text where no terminal shows links; change lines
+        stay short."""
+        return [_see(note)] if note.manual and not self.err.is_terminal else []
 
     def summary(self, total: int) -> None:
-        if not self.quiet:
-            counts = self._counts(total) if total else ["no Python files found"]
-            self.err.print(term.styled(self.err, *counts))
+        counts = self._counts(total) if total else ["no Python files found"]
+        self.err.print(term.styled(self.err, *counts))
         if self.mode == "print" and total and sys.stdout.isatty():
             self.err.print(
                 "Nothing was written: redirect the output (> new.py), or write with -o OUT "

@@ -33,8 +33,16 @@ from accelify.transform.patterns import (
     dotted_name,
     method_call,
 )
-from accelify.transform.plan import Note, Options, Plan, Step
-from accelify.transform.setup import Refused, find_setup
+from accelify.transform.plan import Note, Options, Plan, Step, run_step
+from accelify.transform.refusals import (
+    DDP_RANK,
+    NO_TRAINING,
+    OBJECTS_NOT_FOLLOWED,
+    STEP_OUTSIDE_SETUP,
+    TRAINING_ELSEWHERE,
+    UNPRINTABLE,
+)
+from accelify.transform.setup import Refused, setups
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 from accelify.transform.steps.accelerator import accelerator as write_accelerator
@@ -116,6 +124,7 @@ def _refuse_training_elsewhere(plan: Plan) -> None:
         if scope not in setup.reach:
             raise Refused(
                 call,
+                STEP_OUTSIDE_SETUP,
                 f"this training step in {scope.name}() does not run from "
                 f"{setup.scope.name}(), where the objects accel-convert would prepare are built: "
                 "a step outside their setup would stay unconverted; convert by hand",
@@ -169,7 +178,12 @@ def _convert_distributed(
     notes = [replace(n, line=d.original_line(n.line)) for n in plan.notes]
     if plan.setup is None or not plan.edits:  # its training could not be converted: none of it
         why = [n for n in notes if n.manual or n.info] or [
-            Note(1, "left unchanged: no training to convert once DDP is removed", manual=True)
+            Note(
+                1,
+                "left unchanged: no training to convert once DDP is removed",
+                manual=True,
+                refusal=NO_TRAINING.code,
+            )
         ]
         return Result(code=source, notes=tuple(sorted(set(why))), original=source)
     code = apply(d.module, plan.edits, plan.analysis.parents).code
@@ -177,7 +191,7 @@ def _convert_distributed(
     if PREFIX in code:  # a rank value the conversion could not place: never half-converted
         line = d.original_line(code[: code.index(PREFIX)].count("\n") + 1)
         why = "left unchanged: this rank value has no place to read it from"
-        note = Note(line, why, manual=True)
+        note = Note(line, why, manual=True, refusal=DDP_RANK.code)
         return Result(code=source, notes=(note,), original=source)
     return Result(code=code, notes=tuple(sorted({*d.notes, *notes})), original=source)
 
@@ -187,7 +201,9 @@ def _unprinted(module: cst.Module, source: str) -> Result | None:
     if (lost := _first_unprinted_line(module, source)) is None:
         return None
     why = "libcst does not print this file back exactly from here, so any edit would change it"
-    note = Note(lost, f"left unchanged: {why}; convert by hand", manual=True)
+    note = Note(
+        lost, f"left unchanged: {why}; convert by hand", manual=True, refusal=UNPRINTABLE.code
+    )
     return Result(code=source, notes=(note,), original=source)
 
 
@@ -212,9 +228,11 @@ def plan_conversion(
     verdict = file_verdict(analysis, analysis.names)
     if verdict is not None:
         plan = Plan(analysis, options, None)
-        (plan.info if verdict.skip else plan.needs_human)(verdict.node, verdict.reason)
+        (plan.info if verdict.skip else plan.needs_human)(
+            verdict.node, verdict.reason, verdict.family
+        )
         return plan
-    setup, refusals = find_setup(analysis)
+    setup, refusals = setups(analysis)
     plan = Plan(analysis, options, setup)
     if setup is not None:  # reads the modules beside the script: only when it will be converted
         plan.fetching_imports = fetching_imports(path, analysis.names.imports)
@@ -222,12 +240,12 @@ def plan_conversion(
         _refuse_training_elsewhere(plan)
         last = STEPS.index(write_accelerator)
         for step in (*STEPS[:last], *extra, *STEPS[last:]):
-            step(plan)
+            run_step(step, plan, plan.notes)
     except Refused as refused:
         plan = Plan(analysis, plan.options, None)
-        plan.needs_human(refused.node, f"left unchanged: {refused.reason}")
-    for node, reason in refusals:
-        plan.needs_human(node, reason)
+        plan.refused(refused)
+    for refused in refusals:
+        plan.refused(refused)
     if not plan.edits and not plan.notes:
         _explain_no_setup(plan)
     return plan
@@ -259,9 +277,9 @@ def _explain_no_setup(plan: Plan) -> None:
             "file; convert the script that builds them"
         )
     if why == _GRADIENTS_ONLY:  # no training: nothing for a human to finish
-        plan.info(call, f"left unchanged: {why}")
+        plan.info(call, f"left unchanged: {why}", NO_TRAINING)
         return
-    plan.needs_human(call, f"left unchanged: {why}")
+    plan.needs_human(call, f"left unchanged: {why}", OBJECTS_NOT_FOLLOWED)
 
 
 def _explain_hidden_step(plan: Plan) -> None:
@@ -279,6 +297,7 @@ def _explain_hidden_step(plan: Plan) -> None:
                     f"left unchanged: {cls.name.value} trains through {qualified}, whose "
                     "training step this file does not show; distribute it the way that "
                     "library does",
+                    TRAINING_ELSEWHERE,
                 )
                 return
     for call, scope in a.calls:
@@ -297,6 +316,7 @@ def _explain_hidden_step(plan: Plan) -> None:
                 f"show, on the {', '.join(handed)} built here; accel-convert converts a setup "
                 "where one file shows both its objects and its training step: convert the two "
                 "files by hand",
+                TRAINING_ELSEWHERE,
             )
             return
         builds_optimizer = any(_optimizer_class(a, arg) for arg in call.args)
@@ -309,6 +329,7 @@ def _explain_hidden_step(plan: Plan) -> None:
                 call,
                 f"left unchanged: training runs inside {func}(...), which this file does not "
                 "show; convert the code that trains",
+                TRAINING_ELSEWHERE,
             )
             return
     for call, scope in a.calls:
@@ -324,6 +345,7 @@ def _explain_hidden_step(plan: Plan) -> None:
                 call,
                 f"left unchanged: the training step runs inside {name}(...), which this file "
                 f"does not show (it is handed {handed[0]}); convert by hand",
+                TRAINING_ELSEWHERE,
             )
             return
 

@@ -18,6 +18,12 @@ import libcst as cst
 from accelify.transform.analysis import Analysis
 from accelify.transform.names import Names
 from accelify.transform.patterns import dotted_name
+from accelify.transform.refusals import (
+    ALREADY_DISTRIBUTED,
+    OTHER_PARALLELISM,
+    TRAINER_AND_LOOP,
+    Refusal,
+)
 
 # Packages whose objects already own the training loop's distribution.
 _ACCELERATE_PACKAGES = ("accelerate", "accelify.runtime")
@@ -65,6 +71,7 @@ class Verdict:
     node: cst.CSTNode
     reason: str
     skip: bool
+    family: Refusal
 
 
 def file_verdict(a: Analysis, names: Names) -> Verdict | None:
@@ -72,11 +79,13 @@ def file_verdict(a: Analysis, names: Names) -> Verdict | None:
     for local, qualified in names.imports.items():
         if any(qualified == p or qualified.startswith(f"{p}.") for p in _ACCELERATE_PACKAGES):
             node = names.statements[local]
-            return Verdict(node, f"already an Accelerate script (imports {qualified})", skip=True)
+            why = f"already an Accelerate script (imports {qualified})"
+            return Verdict(node, why, skip=True, family=ALREADY_DISTRIBUTED)
         engine = _ENGINES.get(qualified.split(".", 1)[0])
         if engine is not None:
             node = names.statements[local]
-            return Verdict(node, f"{engine} already runs this training (imports {qualified})", True)
+            why = f"{engine} already runs this training (imports {qualified})"
+            return Verdict(node, why, skip=True, family=ALREADY_DISTRIBUTED)
     for call, _scope in a.calls:
         trainer = _library_trainer(call, names)
         if trainer is not None:
@@ -88,6 +97,7 @@ def file_verdict(a: Analysis, names: Names) -> Verdict | None:
                 f"left unchanged: the script {reason}; accel-convert does not rewrite "
                 "hand-written distribution",
                 skip=False,
+                family=OTHER_PARALLELISM,
             )
     return None
 
@@ -108,6 +118,7 @@ def _trained_by(a: Analysis, call: cst.Call, trainer: str) -> Verdict:
             f"left unchanged: the script trains through {trainer} and also by hand (line "
             f"{line}); convert the hand-written loop by hand",
             skip=False,
+            family=TRAINER_AND_LOOP,
         )
     return Verdict(
         call,
@@ -115,6 +126,7 @@ def _trained_by(a: Analysis, call: cst.Call, trainer: str) -> Verdict:
         "accel-run; what the script writes outside it runs on every process, so guard that with "
         "trainer.is_world_process_zero()",
         skip=True,
+        family=ALREADY_DISTRIBUTED,
     )
 
 

@@ -19,13 +19,16 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
-from accelify.transform import ipynb
+from accelify.transform import ipynb, launcher
+from accelify.transform.codes import conversion_code
 from accelify.transform.convert import Result, convert
 from accelify.transform.launcher import FUNCTION, NotLaunched, launch
 from accelify.transform.lines import LineMap
 from accelify.transform.plan import Note, Options
+from accelify.transform.refusals import NOTEBOOK_SPLIT
 from accelify.transform.sources import SourceError, python_syntax_error
 
+_LAUNCHED = conversion_code(launcher.__name__)  # the notes of --notebook-launcher's move
 Places = tuple[tuple[int, int], ...]  # per line of the program: (code cell, line in that cell)
 _LINE = re.compile(r"[^\n]*\n|[^\n]+")
 
@@ -151,8 +154,10 @@ def _launched(result: Result, program: _Program, processes: int, options: Option
         cells = re.split("^" + _marker(program.token, r"\d+"), result.code, flags=re.MULTILINE)
         cell, line = _at(_places(cells[:-1]), err.line)
         why = f"training not launched: cell {cell}:{line} {err.why}; move it by hand"
-        return replace(result, notes=(*result.notes, Note(created, why, manual=True)))
-    note = Note(created, f"moved the training into {FUNCTION}(), run by notebook_launcher")
+        note = Note(created, why, manual=True, step=_LAUNCHED)
+        return replace(result, notes=(*result.notes, note))
+    why = f"moved the training into {FUNCTION}(), run by notebook_launcher"
+    note = Note(created, why, step=_LAUNCHED)
     return replace(result, code=code, notes=tuple(sorted({*result.notes, note})))
 
 
@@ -190,7 +195,8 @@ def _ending_like(body: str, source: str) -> str:
 
 def _refusal(program: _Program, cell: int, why: str) -> Note:
     line = next((i for i, (c, _) in enumerate(program.places, start=1) if c == cell), 1)
-    return Note(line, f"notebook left unchanged: {why}; convert by hand", manual=True)
+    why = f"notebook left unchanged: {why}; convert by hand"
+    return Note(line, why, manual=True, refusal=NOTEBOOK_SPLIT.code)
 
 
 def _places(chunks: list[str]) -> Places:

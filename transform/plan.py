@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypeVar
 
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, name_nodes
+from accelify.transform.codes import conversion_code
 from accelify.transform.edits import Edits
+from accelify.transform.refusals import ACCELERATOR_UNREACHABLE, Refusal
 from accelify.transform.setup import ACCELERATOR, Refused, Setup
 
 Target = Literal["accelify", "accelerate"]
@@ -59,6 +61,10 @@ class Note:
     info: bool = False
     # The accel-lint rule that flags what a manual note leaves behind (see ``NOTE_RULES``).
     code: str | None = field(default=None, compare=False)
+    # The code of the step that wrote the note (codes.py), and of the family of a reason to
+    # leave code unchanged (refusals.py): with ``code``, what the report prints (``shown``).
+    step: str | None = field(default=None, compare=False)
+    refusal: str | None = field(default=None, compare=False)
     # The start of a line the change wrote: where a report on the written file points (the
     # inserted line, not the input line it went next to).
     shows: str | None = field(default=None, compare=False)
@@ -67,6 +73,18 @@ class Note:
     def __post_init__(self) -> None:
         if self.manual and self.code is None:  # however the note was made, its kind has a rule
             object.__setattr__(self, "code", note_rule(self.message))
+
+    @property
+    def shown(self) -> str | None:
+        """The code the report prints and links: a refusal's family says most about it, a
+        manual note's rule is what accel-lint reports, and else the step that wrote it."""
+        return self.refusal or (self.code if self.manual else None) or self.step
+
+
+def refused_note(line: int, refused: Refused) -> Note:
+    """The "needs a human" note of a setup or file left unchanged, with its family's code."""
+    why = f"left unchanged: {refused.reason}"
+    return Note(line, why, manual=True, refusal=refused.family.code, node=refused.node)
 
 
 def note_rule(message: str) -> str | None:
@@ -100,11 +118,20 @@ class Plan:
         """A change next to ``node``; ``shows``: the start of the line it wrote, if it wrote one."""
         self.notes.append(Note(self.analysis.line(node), message, shows=shows))
 
-    def needs_human(self, node: cst.CSTNode, message: str) -> None:
-        self.notes.append(Note(self.analysis.line(node), message, manual=True, node=node))
+    def needs_human(self, node: cst.CSTNode, message: str, refusal: Refusal | None = None) -> None:
+        """Code left for a human; ``refusal``: the family of a reason it was left unchanged."""
+        code = refusal.code if refusal is not None else None
+        line = self.analysis.line(node)
+        self.notes.append(Note(line, message, manual=True, refusal=code, node=node))
 
-    def info(self, node: cst.CSTNode, message: str) -> None:
-        self.notes.append(Note(self.analysis.line(node), message, info=True))
+    def info(self, node: cst.CSTNode, message: str, refusal: Refusal | None = None) -> None:
+        """Code left as it is with nothing to do; ``refusal`` as for :meth:`needs_human`."""
+        code = refusal.code if refusal is not None else None
+        self.notes.append(Note(self.analysis.line(node), message, info=True, refusal=code))
+
+    def refused(self, refused: Refused) -> None:
+        """A setup left unchanged as a whole."""
+        self.notes.append(refused_note(self.analysis.line(refused.node), refused))
 
     def remove(self, statement: cst.CSTNode | None) -> None:
         """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
@@ -194,7 +221,7 @@ class Plan:
             return None
         scope = self.analysis.scope_of[id(node)]
         where = "this code" if scope.is_module else f"this code in {scope.name}()"
-        raise Refused(node, f"{where} needs the accelerator but {why}")
+        raise Refused(node, ACCELERATOR_UNREACHABLE, f"{where} needs the accelerator but {why}")
 
     @property
     def training(self) -> set[Scope]:
@@ -211,3 +238,13 @@ class Plan:
 
 
 Step = Callable[[Plan], None]
+_Work = TypeVar("_Work")
+
+
+def run_step(step: Callable[[_Work], None], work: _Work, notes: list[Note]) -> None:
+    """Run one step on ``work``; the notes it adds to ``notes`` get its code (codes.py), so the
+    steps themselves never name one and a new step cannot report without."""
+    start = len(notes)
+    step(work)
+    code = conversion_code(step.__module__)
+    notes[start:] = [replace(note, step=code) for note in notes[start:]]

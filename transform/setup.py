@@ -39,6 +39,19 @@ from accelify.transform.patterns import (
     method_call,
     target_names,
 )
+from accelify.transform.refusals import (
+    BARE_MODULE,
+    BUILD_ORDER,
+    BUILT_IN_LOOP,
+    CLOSURE,
+    HAND_PICKED_DEVICE,
+    OBJECTS_NOT_FOLLOWED,
+    SECOND_SETUP,
+    STEP_ORDER,
+    STEP_OUTSIDE_SETUP,
+    UNSYNCED_GRADIENTS,
+    Refusal,
+)
 from accelify.transform.walk import children, nodes
 
 ACCELERATOR = "accelerator"
@@ -46,11 +59,15 @@ _NO_GRAD = frozenset({"no_grad", "inference_mode"})
 
 
 class Refused(Exception):
-    """The setup cannot be converted correctly; ``reason`` says why, ``node`` where."""
+    """The setup cannot be converted correctly; ``reason`` says why, ``node`` where, and
+    ``family`` which code and docs page the report gives it (required, so no refusal goes
+    without one; a string in its place is refused too)."""
 
-    def __init__(self, node: cst.CSTNode, reason: str) -> None:
+    def __init__(self, node: cst.CSTNode, family: Refusal, reason: str) -> None:
+        if not isinstance(family, Refusal):
+            raise TypeError(f"Refused needs a Refusal family from refusals.py, not {family!r}")
         super().__init__(reason)
-        self.node, self.reason = node, reason
+        self.node, self.family, self.reason = node, family, reason
 
 
 @dataclass(eq=False)
@@ -96,19 +113,25 @@ class Setup:
 
 
 def find_setup(a: Analysis) -> tuple[Setup | None, list[tuple[cst.CSTNode, str]]]:
-    """The one setup to convert, plus (node, reason) for every setup left alone."""
-    refusals: list[tuple[cst.CSTNode, str]] = []
+    """The one setup to convert, plus (node, reason) for every setup left alone (what accel-lint
+    reports them with)."""
+    chosen, refused = setups(a)
+    return chosen, [(r.node, f"left unchanged: {r.reason}") for r in refused]
+
+
+def setups(a: Analysis) -> tuple[Setup | None, list[Refused]]:
+    """The one setup to convert, plus why every other setup is left alone."""
+    refusals: list[Refused] = []
     planned: list[Setup] = []
     candidates = _candidate_scopes(a)
     for scope in candidates:
         try:
             planned.append(_plan(a, scope))
         except Refused as refused:
-            refusals.append((refused.node, f"left unchanged: {refused.reason}"))
+            refusals.append(refused)
     for extra in planned[1:]:
-        name = extra.scope.name
-        reason = f"left unchanged: a second training setup in {name}(); convert it by hand"
-        refusals.append((extra.scope.node, reason))
+        why = f"a second training setup in {extra.scope.name}(); convert it by hand"
+        refusals.append(Refused(extra.scope.node, SECOND_SETUP, why))
     chosen = planned[0] if planned else None
     if chosen is None and not candidates:
         chosen = _snippet(a)
@@ -223,6 +246,7 @@ def _refuse_wrappers(a: Analysis, setup: Setup) -> None:
             )  # type: ignore[union-attr]
             raise Refused(
                 call,
+                BARE_MODULE,
                 f"the training step runs {origin}, built around {inner}: prepare() wraps "
                 f"{inner}, so {origin} would train the bare module; prepare what the step runs",
             )
@@ -250,9 +274,11 @@ def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
             continue
         name = a.names.last_part(call.func)
         if a.names.from_package(call.func, "torch.cuda.set_device"):
-            raise Refused(call, "the script picks its GPU by hand (torch.cuda.set_device)")
+            raise Refused(
+                call, HAND_PICKED_DEVICE, "the script picks its GPU by hand (torch.cuda.set_device)"
+            )
         if name in CLOSURE_OPTIMIZERS:
-            raise Refused(call, f"{name} needs a closure, which prepare() cannot wrap")
+            raise Refused(call, CLOSURE, f"{name} needs a closure, which prepare() cannot wrap")
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
         if (
             name == "step"
@@ -260,10 +286,10 @@ def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
             and receiver is not None
             and a.role(where, dotted_name(receiver) or "") is Role.OPTIMIZER
         ):
-            raise Refused(call, "optimizer.step(closure): closures cannot be converted")
+            raise Refused(call, CLOSURE, "optimizer.step(closure): closures cannot be converted")
     for b in a.bindings:
         if b.scope in setup.reach and b.in_loop and a.role(b.scope, b.key) is Role.OPTIMIZER:
-            raise Refused(b.node, f"optimizer {b.key} is created inside a loop")
+            raise Refused(b.node, BUILT_IN_LOOP, f"optimizer {b.key} is created inside a loop")
     _refuse_second_backward(a, setup)
 
 
@@ -284,6 +310,7 @@ def _refuse_second_backward(a: Analysis, setup: Setup) -> None:
         if shared:
             raise Refused(
                 call,
+                UNSYNCED_GRADIENTS,
                 f"a later backward goes through the same forward of {', '.join(sorted(shared))} "
                 "(retain_graph): DistributedDataParallel averages gradients only in the first "
                 "backward after each forward, so the second one's would stay per process",
@@ -347,6 +374,7 @@ def step_order(a: Analysis, setup: Setup, within: cst.CSTNode) -> list[tuple[str
     if hidden:
         raise Refused(
             hidden[0],
+            STEP_ORDER,
             "several optimizers step, and this backward or step runs outside the loop that "
             "trains them, so their order cannot be checked; convert by hand",
         )
@@ -410,22 +438,25 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
             if len(held) != 1:
                 raise Refused(
                     b.node,
+                    OBJECTS_NOT_FOLLOWED,
                     f"cannot tell which model {b.key} trains (its parameters come from an "
                     "expression accel-convert does not read)",
                 )
         models.extend(sorted(held, key=lambda k: _first_bound(a, scope, k)))
     for key in models:
         if key == "self":
-            raise Refused(optimizers[0].node, _trains_itself(a, setup, optimizers[0]))
+            raise Refused(optimizers[0].node, BARE_MODULE, _trains_itself(a, setup, optimizers[0]))
         if key in scope.params:
             raise Refused(
                 optimizers[0].node,
+                OBJECTS_NOT_FOLLOWED,
                 f"{key} comes in as a parameter of {scope.name}(): whoever calls it owns the "
                 "model (and may share it with other processes); convert where it is built",
             )
         if not _bound_here(a, scope, key):
             raise Refused(
                 optimizers[0].node,
+                OBJECTS_NOT_FOLLOWED,
                 f"{key} is not built in {scope.name}(), where its optimizer is; prepare() "
                 "needs both in one place",
             )
@@ -722,7 +753,11 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     for node in _training_nodes(a, setup):
         found = timeline.anchors(node)
         if found is None:
-            raise Refused(node, f"this training step does not run from {setup.scope.name}()")
+            raise Refused(
+                node,
+                STEP_OUTSIDE_SETUP,
+                f"this training step does not run from {setup.scope.name}()",
+            )
         anchors.extend(found)
         after_scope = after_scope or not found
     block = timeline.body() if after_scope or not anchors else _common_block(timeline, anchors)
@@ -756,7 +791,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
             if at < first:
                 index = max(index, at + 1)
             elif at == first:
-                raise Refused(build.node, _built_with_training(a, build, top))
+                raise _built_with_training(a, build, top)
             elif any(position > at for position in positions):
                 again = any(
                     timeline.top_in(block, x.node) is not None
@@ -767,6 +802,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                 what = "built again here" if again else "built only here"
                 raise Refused(
                     build.node,
+                    BUILD_ORDER,
                     f"{b.key} is {what}, after line {a.line(first_use)} already uses what "
                     "prepare() wraps, and training uses it; convert by hand",
                 )
@@ -774,12 +810,13 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                 setup.rebuilds.setdefault(b.key, []).append(build)
     point = Point(block, index)
     if timeline.in_loop(point):
-        raise Refused(block, "the training objects are built inside a loop")
+        raise Refused(block, BUILT_IN_LOOP, "the training objects are built inside a loop")
     for b in setup.prepared:
         free = not any(x.scope is setup.scope and x.key == b.key for x in a.bindings)
         if not free and not timeline.assigned_at(point, b.key):  # a free name: the snippet's
             raise Refused(
                 b.node,
+                OBJECTS_NOT_FOLLOWED,
                 f"{b.key} is not built on every path before training starts: prepare() "
                 "needs it in one place",
             )
@@ -787,17 +824,18 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     return point
 
 
-def _built_with_training(a: Analysis, build: Binding, top: cst.CSTNode) -> str:
+def _built_with_training(a: Analysis, build: Binding, top: cst.CSTNode) -> Refused:
     """Why a build in the statement where training starts blocks prepare(): a loop builds it,
     or it is what a function of this file returns after training it (``model = train(model)``)."""
     value = build.value
     if top is a.statement_of(build.node) and isinstance(value, cst.Call) and a.callee(value):
         name = a.module.code_for_node(value.func)
-        return (
+        why = (
             f"{build.key} is rebound to what {name}() returns, and {name}() trains it: "
             "accel-convert does not follow the object that comes back; convert by hand"
         )
-    return f"{build.key} is built inside the training loop"
+        return Refused(build.node, BUILD_ORDER, why)
+    return Refused(build.node, BUILT_IN_LOOP, f"{build.key} is built inside the training loop")
 
 
 def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
@@ -811,6 +849,7 @@ def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
         if handed and not setup.timeline.after(point, call):
             raise Refused(
                 call,
+                BUILD_ORDER,
                 f"{a.constructed_class(call)}(...) is handed {', '.join(handed)} before "
                 "prepare() can wrap them, and would keep the bare objects; build it after them",
             )

@@ -41,13 +41,16 @@ UNCHANGED = "x = 1\n"
 BEFORE, AFTER = "loss.backward()", "accelerator.backward(loss)"
 MANUAL = "# hand-rolled all_reduce"
 ERROR_LINE = re.compile(r"^\S+:\d+: \S.*$")
+SEE = " (see https://accelify.github.io/accelify/reference/rules/ACL205/)"
 
 
 def fake_convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
     """The real engine's parsing and errors, then one known edit and notes by line."""
     convert(source, options, path)
     notes = [
-        Note(number, f"swapped {BEFORE}") if BEFORE in line else Note(number, "all_reduce", True)
+        Note(number, f"swapped {BEFORE}", step="ACC108")
+        if BEFORE in line
+        else Note(number, "all_reduce", True, code="ACL205")
         for number, line in enumerate(source.splitlines(), 1)
         if BEFORE in line or MANUAL in line
     ]
@@ -129,11 +132,50 @@ def test_one_file_prints_converted_source_and_reports_on_stderr(engine: list[Opt
     assert result.exit_code == 0
     assert result.stdout == (SCRIPT + MANUAL + "\n").replace(BEFORE, AFTER)
     assert result.stderr.splitlines() == [
-        f"train.py:6: swapped {BEFORE}",
-        "train.py:8: needs a human: all_reduce",
+        "train.py: converted, 1 change, 1 place to finish by hand",
+        f"train.py:8: ACL205 needs a human: all_reduce{SEE}",
         "1 file converted, 0 unchanged, 1 place to finish by hand",
     ]
     assert Path("train.py").read_text() == SCRIPT + MANUAL + "\n"  # printing writes nothing
+
+
+def test_verbose_lists_every_change_with_its_code(engine: list[Options]) -> None:
+    write("train.py", SCRIPT + MANUAL + "\n")
+    write("same.py", UNCHANGED)
+    result = run("--check", "-v", "train.py", "same.py")
+    assert result.stderr.splitlines() == [
+        "train.py: would be converted, 1 change, 1 place to finish by hand",
+        f"train.py:6: ACC108 swapped {BEFORE}",  # a change line stays short: no URL
+        f"train.py:8: ACL205 needs a human: all_reduce{SEE}",
+        "same.py: nothing to convert",
+        "1 file would be converted, 1 unchanged, 1 place to finish by hand",
+    ]
+    both = run("--check", "-v", "-q", "train.py")
+    assert (both.exit_code, both.stderr) == (2, "accel-convert: error: choose one of -q, -v\n")
+
+
+def test_default_report_is_a_line_per_file_and_the_needs_a_human_lines() -> None:
+    """The real engine: a converted file, one left unchanged and one with nothing to convert."""
+    write("mnist.py", (CASES_DIR / "mnist.in.py").read_text())
+    write("gan.py", (CASES_DIR / "refusals.in.py").read_text())
+    write("hf.py", (CASES_DIR / "already" / "hf_script.in.py").read_text())
+    write("left.py", (CASES_DIR / "sound" / "second_backward_same_forward.in.py").read_text())
+    result = run("--check", "mnist.py", "gan.py", "hf.py", "left.py")
+    lines = result.stderr.splitlines()
+    assert lines[0] == "mnist.py: would be converted, 17 changes"
+    assert lines[1] == "gan.py: would be converted, 8 changes, 2 places to finish by hand"
+    refusals = "https://accelify.github.io/accelify/reference/refusals"
+    assert lines[2] == (
+        "gan.py:21: ACR203 needs a human: left unchanged: a second training setup in "
+        f"train_gan(); convert it by hand (see {refusals}/ACR203/)"
+    )
+    assert lines[4] == "hf.py: nothing to convert"
+    assert lines[5] == "left.py: left unchanged (needs a human)"
+    assert re.fullmatch(
+        rf"left\.py:\d+: ACR\d+ needs a human: .* \(see {refusals}/ACR\d+/\)", lines[6]
+    )
+    assert lines[-1] == "2 files would be converted, 2 unchanged, 3 places to finish by hand"
+    assert len(lines) == 8
 
 
 def test_stdin_is_converted_to_stdout_in_every_writing_mode(engine: list[Options]) -> None:
@@ -141,7 +183,7 @@ def test_stdin_is_converted_to_stdout_in_every_writing_mode(engine: list[Options
         result = run(*args, stdin=SCRIPT.encode())
         assert result.exit_code == 0
         assert result.stdout == SCRIPT.replace(BEFORE, AFTER)
-        assert f"<stdin>:6: swapped {BEFORE}" in result.stderr
+        assert "<stdin>: converted, 1 change" in result.stderr
 
 
 def test_output_writes_one_input_to_a_new_file_with_ordinary_mode(engine: list[Options]) -> None:
@@ -237,11 +279,11 @@ def test_after_writing_report_lines_point_into_the_written_file(
     monkeypatch.setattr(cli, "convert", _shifting_engine)
     write("out/.keep", "")
     write("train.py", SCRIPT + MANUAL + "\n")
-    result = run(*args)
+    result = run("-v", *args)
     lines = Path(written).read_text().splitlines()
     reported = [
-        re.fullmatch(rf"{re.escape(written)}:(\d+): (.*) \(was line (\d+)\)", line)
-        for line in result.stderr.splitlines()[:-1]
+        re.fullmatch(rf"{re.escape(written)}:(\d+): \S+ (.*) \(was line (\d+)\).*", line)
+        for line in result.stderr.splitlines()[1:-1]
     ]
     assert all(reported), result.stderr
     where = {match[2]: (int(match[1]), int(match[3])) for match in reported if match}
@@ -253,10 +295,10 @@ def test_after_writing_report_lines_point_into_the_written_file(
 def test_real_conversion_reports_the_written_lines_of_its_rewrites() -> None:
     """Notes of the form ``old -> new`` name the code the written line must hold."""
     write("mnist.py", (CASES_DIR / "mnist.in.py").read_text())
-    result = run("--inplace", "mnist.py")
+    result = run("-v", "--inplace", "mnist.py")
     lines = Path("mnist.py").read_text().splitlines()
     rewrites = [
-        re.fullmatch(r"mnist\.py:(\d+): \S+ -> (\S+?)(?: \(.*)?", line)
+        re.fullmatch(r"mnist\.py:(\d+): ACC\d+ \S+ -> (\S+?)(?: \(.*)?", line)
         for line in result.stderr.splitlines()
     ]
     found = [(int(m[1]), m[2]) for m in rewrites if m]
@@ -270,7 +312,8 @@ def test_notes_of_inserted_lines_name_those_lines_after_writing() -> None:
     """The import, the accelerator and the prepare() call are new lines: their notes name where
     they were written, not the input line they went next to, and were nowhere before."""
     write("mnist.py", (CASES_DIR / "mnist.in.py").read_text())
-    result = run("mnist.py", "-o", "out.py")
+    result = run("-v", "mnist.py", "-o", "out.py")
+    assert result.stderr.splitlines()[0] == "mnist.py: converted, 17 changes (written to out.py)"
     lines = Path("out.py").read_text().splitlines()
     inserted = {
         "imported Accelerator from the runtime": "from accelify.runtime import Accelerator",
@@ -279,7 +322,10 @@ def test_notes_of_inserted_lines_name_those_lines_after_writing() -> None:
             "model, optimizer, train_loader, scheduler = accelerator.prepare("
         ),
     }
-    notes = dict(reversed(line.split(": ", 1)) for line in result.stderr.splitlines()[:-1])
+    notes = {
+        message.split(" ", 1)[1]: where
+        for where, message in (line.split(": ", 1) for line in result.stderr.splitlines()[1:-1])
+    }
     for message, code in inserted.items():
         where = notes[message]
         assert where.startswith("out.py:"), where  # and no "(was line N)" after the message
@@ -295,8 +341,8 @@ def test_check_with_github_output_annotates_changes_and_needs_a_human(
     assert result.exit_code == 1
     assert result.stdout.splitlines() == [
         "::warning file=a.py,line=6,endLine=6,title=accel-convert would change this::"
-        f"swapped {BEFORE}%0A-    {BEFORE}%0A+    {AFTER}",
-        "::warning file=a.py,line=8,title=accel-convert needs a human::all_reduce",
+        f"ACC108 swapped {BEFORE}%0A-    {BEFORE}%0A+    {AFTER}",
+        f"::warning file=a.py,line=8,title=accel-convert needs a human::ACL205 all_reduce{SEE}",
     ]
     assert "1 file would be converted" in result.stderr
 
@@ -304,7 +350,7 @@ def test_check_with_github_output_annotates_changes_and_needs_a_human(
 def test_stdin_filename_names_standard_input_in_the_report(engine: list[Options]) -> None:
     result = run("-", "--stdin-filename", "train.py", stdin=SCRIPT.encode())
     assert result.stdout == SCRIPT.replace(BEFORE, AFTER)
-    assert f"train.py:6: swapped {BEFORE}" in result.stderr
+    assert "train.py: converted, 1 change" in result.stderr
     broken = run("-", "--stdin-filename", "train.py", stdin=b"x = (\n")
     assert broken.exit_code == 2
     assert broken.stderr.startswith("train.py:1: syntax error")
@@ -352,8 +398,11 @@ def test_check_reports_without_writing_and_exits_1_on_changes(engine: list[Optio
     result = run("--check", "a.py", "b.py")
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert f"a.py:6: swapped {BEFORE}" in result.stderr
-    assert result.stderr.splitlines()[-1] == "1 file would be converted, 1 unchanged"
+    assert result.stderr.splitlines() == [
+        "a.py: would be converted, 1 change",
+        "b.py: nothing to convert",
+        "1 file would be converted, 1 unchanged",
+    ]
     assert Path("a.py").read_text() == SCRIPT
     assert run("--check", "b.py").exit_code == 0
 
@@ -372,7 +421,9 @@ def test_strict_check_fails_on_places_to_finish_by_hand() -> None:
     loose, strict = run("--check", "flag.py"), run("--check", "--strict", "flag.py")
     assert (loose.exit_code, strict.exit_code) == (0, 1)
     assert strict.stderr == loose.stderr
-    assert "flag.py:5: needs a human: left unchanged: optimizer is not built" in strict.stderr
+    assert (
+        "flag.py:5: ACR205 needs a human: left unchanged: optimizer is not built" in strict.stderr
+    )
     assert run("--check", "--strict", "done.py").exit_code == 0
     assert run("--diff", "--strict", "flag.py").exit_code == 1
     wrong = run("--strict", "flag.py")
@@ -412,15 +463,25 @@ def test_diff_marks_a_missing_final_newline(engine: list[Options]) -> None:
     ]
 
 
-def test_quiet_keeps_only_errors_and_needs_a_human(engine: list[Options]) -> None:
+def test_quiet_keeps_only_errors_needs_a_human_and_the_totals(engine: list[Options]) -> None:
     write("a.py", SCRIPT + MANUAL + "\n")
     write("bad.py", "x = (\n")
     result = run("--check", "--quiet", "a.py", "bad.py")
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        "a.py:8: needs a human: all_reduce",
+        f"a.py:8: ACL205 needs a human: all_reduce{SEE}",
         "bad.py:1: syntax error: '(' was never closed",
+        "1 file would be converted, 0 unchanged, 1 place to finish by hand, 1 error",
     ]
+
+
+def test_codes_link_their_pages_on_a_terminal(engine: list[Options]) -> None:
+    write("a.py", SCRIPT + MANUAL + "\n")
+    shown = run("--check", "-v", "a.py", env={"FORCE_COLOR": "1", "NO_COLOR": None}).stderr
+    pages = "https://accelify.github.io/accelify/reference"
+    assert "\x1b]8;id=" in shown and f";{pages}/conversions/ACC108/\x1b\\" in shown
+    assert f";{pages}/rules/ACL205/\x1b\\" in shown
+    assert "(see " not in shown  # the link is the code itself
 
 
 # --- bad input, failed writes --------------------------------------------------------------
@@ -627,9 +688,12 @@ def test_check_passes_on_every_converted_golden_output() -> None:
 
 def test_check_passes_on_accelerate_scripts_and_says_why() -> None:
     write("hf.py", (CASES_DIR / "already" / "hf_script.in.py").read_text())
-    result = run("--check", "hf.py")
+    result = run("--check", "-v", "hf.py")
     assert result.exit_code == 0
-    assert "hf.py:4: already an Accelerate script (imports accelerate.Accelerator)" in result.stderr
+    assert (
+        "hf.py:4: ACR101 already an Accelerate script (imports accelerate.Accelerator)"
+        in result.stderr
+    )
 
 
 def test_the_cli_never_imports_torch() -> None:

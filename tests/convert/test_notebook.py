@@ -205,14 +205,17 @@ def test_cli_writes_reports_by_cell_and_checks(
     path = tmp_path / "nb.ipynb"
     path.write_text(GUIDE.read_text())
     out = tmp_path / "out.ipynb"
-    assert cli.run([str(path), "-o", str(out)]) == 0
+    assert cli.run(["-v", str(path), "-o", str(out)]) == 0
     assert path.read_text() == GUIDE.read_text()
     assert out.read_text() == GUIDE.with_name("guide.out.ipynb").read_text()
     err = capsys.readouterr().err
-    assert f"{out}:cell 6:6: loss.backward() -> accelerator.backward(loss) (was cell 6:8)" in err
+    assert (
+        f"{out}:cell 6:6: ACC108 loss.backward() -> accelerator.backward(loss) (was cell 6:8)"
+        in err
+    )
 
-    assert cli.run(["--check", str(path)]) == 1
-    assert f"{path}:cell 6:8: loss.backward()" in capsys.readouterr().err
+    assert cli.run(["--check", "-v", str(path)]) == 1
+    assert f"{path}:cell 6:8: ACC108 loss.backward()" in capsys.readouterr().err
     assert cli.run(["--check", str(out)]) == 0
     assert cli.run(["--diff", str(path)]) == 1
     assert '+    "        accelerator.backward(loss)\\n",' in capsys.readouterr().out

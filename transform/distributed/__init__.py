@@ -33,7 +33,7 @@ from accelify.transform.distributed.sync import keep_sync_toggles
 from accelify.transform.distributed.wrapper import unwrap_ddp
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
-from accelify.transform.plan import Note, Step
+from accelify.transform.plan import Note, Step, refused_note, run_step
 from accelify.transform.setup import Refused
 
 __all__ = ["Dedistributed", "dedistribute"]
@@ -87,11 +87,9 @@ def dedistribute(module: cst.Module, source: str) -> Dedistributed | None:
         if not _wraps_ddp(analysis):
             return None  # processes that train apart (no DDP) would be changed by prepare()
         for run in _REWRITES:
-            run(rewrite)
+            run_step(run, rewrite, rewrite.notes)
     except Refused as refused:
-        why = f"left unchanged: {refused.reason}"
-        note = Note(analysis.line(refused.node), why, manual=True, node=refused.node)
-        return Dedistributed(None, (note,))
+        return Dedistributed(None, (refused_note(analysis.line(refused.node), refused),))
     intermediate = drop_unused_imports(apply(module, rewrite.edits, analysis.parents))
     return Dedistributed(
         intermediate,

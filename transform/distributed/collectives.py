@@ -13,6 +13,7 @@ import libcst as cst
 from accelify.transform.analysis import key_of
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.patterns import placeholder
+from accelify.transform.refusals import DDP_COLLECTIVE
 
 _OPS = {"SUM": "sum", "AVG": "mean"}
 
@@ -32,10 +33,12 @@ def collectives(r: Rewrite) -> None:
 
 
 def _all_reduce(r: Rewrite, call: cst.Call) -> None:
-    statement = r.bare_statement(call)
+    statement = r.bare_statement(call, DDP_COLLECTIVE)
     tensor = call.args[0].value if call.args and call.args[0].keyword is None else None
     if tensor is None or key_of(tensor) is None:
-        raise r.refuse(call, "all_reduce of an expression: reduce it into a name by hand")
+        raise r.refuse(
+            call, DDP_COLLECTIVE, "all_reduce of an expression: reduce it into a name by hand"
+        )
     reduction = "sum"
     for arg in call.args[1:]:
         op = r.analysis.names.last_part(arg.value)
@@ -43,6 +46,7 @@ def _all_reduce(r: Rewrite, call: cst.Call) -> None:
         if keyword != "op" or op not in _OPS:
             raise r.refuse(
                 call,
+                DDP_COLLECTIVE,
                 f"all_reduce with {r.analysis.module.code_for_node(arg)} has no "
                 "accelerator.reduce equivalent",
             )

@@ -14,6 +14,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.edits import Edits
 from accelify.transform.plan import Note
+from accelify.transform.refusals import Refusal
 from accelify.transform.setup import Refused
 
 
@@ -40,19 +41,20 @@ class Rewrite:
     def info(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message, info=True))
 
-    def refuse(self, node: cst.CSTNode, why: str) -> Refused:
-        return Refused(node, why)
+    def refuse(self, node: cst.CSTNode, family: Refusal, why: str) -> Refused:
+        return Refused(node, family, why)
 
     def remove(self, statement: cst.CSTNode) -> None:
         """Remove a statement; an ``if`` left with nothing but removed statements goes too."""
         self.edits.remove_emptying(statement, self.analysis.parent)
 
-    def bare_statement(self, call: cst.Call) -> cst.BaseStatement:
-        """The statement line that is only ``call``; :class:`Refused` if its value is used."""
+    def bare_statement(self, call: cst.Call, family: Refusal) -> cst.BaseStatement:
+        """The statement line that is only ``call``; :class:`Refused` (of ``family``) if its
+        value is used."""
         parent = self.analysis.parent(call)
         line = self.analysis.parent(parent) if isinstance(parent, cst.Expr) else None
         if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-            raise self.refuse(call, "its result is used; convert by hand")
+            raise self.refuse(call, family, "its result is used; convert by hand")
         return line
 
     def owner(self, scope: Scope, key: str) -> int:

@@ -13,6 +13,7 @@ import libcst as cst
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import environment_variable
 from accelify.transform.patterns import dotted_name, placeholder
+from accelify.transform.refusals import DDP_LAUNCH
 from accelify.transform.walk import nodes
 
 _LAUNCHER_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
@@ -24,18 +25,18 @@ def drop_process_group(r: Rewrite) -> None:
     for call, _scope in a.calls:
         last = names.last_part(call.func)
         if last == "init_process_group" and names.from_package(call.func, "torch.distributed"):
-            r.remove(r.bare_statement(call))
+            r.remove(r.bare_statement(call, DDP_LAUNCH))
             r.changed(call, "init_process_group removed: accel-run and the accelerator set it up")
         elif last == "destroy_process_group" and names.from_package(call.func, "torch.distributed"):
             r.edits.replace(call.func, placeholder("end_training"))
             r.changed(call, "destroy_process_group() -> accelerator.end_training()")
         elif last == "set_device" and names.refers_to(call.func, ("torch",), "set_device"):
-            r.remove(r.bare_statement(call))
+            r.remove(r.bare_statement(call, DDP_LAUNCH))
             r.changed(
                 call, "torch.cuda.set_device removed: the accelerator picks each process's GPU"
             )
         elif _sets_launcher_variable(r, call):
-            r.remove(r.bare_statement(call))
+            r.remove(r.bare_statement(call, DDP_LAUNCH))
     for statement in _launcher_assignments(r):
         r.remove(statement)
         r.changed(statement, "the launcher's address and port are accel-run's to set")
@@ -85,10 +86,12 @@ def _drop_emptied_functions(r: Rewrite) -> None:
             continue
         calls = [c for c, _s in a.calls if dotted_name(c.func) == name]
         for call in calls:
-            r.remove(r.bare_statement(call))
+            r.remove(r.bare_statement(call, DDP_LAUNCH))
         if any(n.value == name for n in _name_reads(r, name)):  # passed around, not only called
             raise r.refuse(
-                function, f"{name}() only set up the process group, but is used as a value"
+                function,
+                DDP_LAUNCH,
+                f"{name}() only set up the process group, but is used as a value",
             )
         r.remove(function)
         r.changed(function, f"{name}() only set up the process group: removed with its calls")

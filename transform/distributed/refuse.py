@@ -8,6 +8,7 @@ worker processes sharing one model, is the file verdict's to refuse: it has no D
 from __future__ import annotations
 
 from accelify.transform.distributed.context import Rewrite
+from accelify.transform.refusals import OTHER_PARALLELISM
 
 # Packages whose import alone means a kind of parallelism other than data parallelism.
 _PACKAGES = {
@@ -39,11 +40,11 @@ def refuse_other_parallelism(r: Rewrite) -> None:
     for local, qualified in names.imports.items():
         for package, why in _PACKAGES.items():
             if qualified == package or qualified.startswith(f"{package}."):
-                raise r.refuse(names.statements[local], _why(why))
+                raise r.refuse(names.statements[local], OTHER_PARALLELISM, _why(why))
     for call, _scope in r.analysis.calls:
         last = names.last_part(call.func)
         if last in _CALLS and names.refers_to(call.func, ("torch",), last):
-            raise r.refuse(call, _why(_CALLS[last]))  # type: ignore[index]
+            raise r.refuse(call, OTHER_PARALLELISM, _why(_CALLS[last]))  # type: ignore[index]
 
 
 def _why(what: str) -> str:

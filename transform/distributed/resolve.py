@@ -19,6 +19,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.patterns import placeholder_of
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import ACCUMULATION, DDP_RANK, DDP_SAMPLER
 from accelify.transform.setup import Refused, origins
 from accelify.transform.steps.accelerator import picks_device
 from accelify.transform.steps.unwrap import SYNC_TOGGLE
@@ -84,7 +85,7 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
         _sharded(plan, call)
         plan.edits.replace(call, call.args[0].value)
     else:
-        raise Refused(name, f"cannot place {what} here")
+        raise Refused(name, DDP_RANK, f"cannot place {what} here")
 
 
 def _accumulates(plan: Plan) -> bool:
@@ -96,6 +97,7 @@ def _accumulates(plan: Plan) -> bool:
 def _second_schedule(node: cst.CSTNode, what: str) -> Refused:
     return Refused(
         node,
+        ACCUMULATION,
         f"the script schedules gradient sync itself ({what}); accumulate() would add a second "
         "schedule around it",
     )
@@ -119,6 +121,7 @@ def _state(plan: Plan, node: cst.CSTNode) -> cst.BaseExpression:
         if plan.options.target == "accelerate":
             raise Refused(
                 node,
+                DDP_RANK,
                 "the process index is read before the accelerator exists, and its cpu= choice "
                 f"({plan.analysis.module.code_for_node(cpu)}) is made later: HF's PartialState "
                 "made here would settle the process state without it",
@@ -163,6 +166,7 @@ def _sharded(plan: Plan, marker: cst.Call) -> None:
             return
     raise Refused(
         loader,  # type: ignore[arg-type]
+        DDP_SAMPLER,
         "this loader was sharded by a DistributedSampler, but the conversion would not prepare "
         "it: every process would read all of it (and a sum of it reduced N times over)",
     )

@@ -16,6 +16,7 @@ from accelify.transform.analysis import Analysis, key_of
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import kind_of
 from accelify.transform.patterns import keyword_arg, placeholder
+from accelify.transform.refusals import DDP_SAMPLER
 from accelify.transform.walk import nodes
 
 # The sampler's arguments that only say which shard: the prepared loader knows them.
@@ -41,7 +42,9 @@ def drop_samplers(r: Rewrite) -> None:
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
         key = key_of(target) if target is not None and len(parent.targets) == 1 else None  # type: ignore[union-attr]
         if key is None or not isinstance(target, cst.Name):
-            raise r.refuse(call, "this DistributedSampler is not handed straight to a DataLoader")
+            raise r.refuse(
+                call, DDP_SAMPLER, "this DistributedSampler is not handed straight to a DataLoader"
+            )
         samplers[(id(scope.node), key)] = shuffle
         r.remove(a.parent(parent))  # type: ignore[arg-type]
     _uses(r, samplers)
@@ -56,12 +59,14 @@ def _shuffle(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
             code = r.analysis.module.code_for_node(arg.value)
             raise r.refuse(
                 call,
+                DDP_SAMPLER,
                 f"this DistributedSampler's {name}={code} is not one accel-convert recognises as "
                 "the process's own (a prepared loader shards by the accelerator's), so it cannot "
                 "show the shards stay the same",
             )
         raise r.refuse(
             call,
+            DDP_SAMPLER,
             f"this DistributedSampler's {name or 'positional'} argument has no equivalent in a "
             "prepared loader",
         )
@@ -74,7 +79,9 @@ def _give_shuffle(
 ) -> None:
     """Swap ``sampler=`` for ``shuffle=`` in the loader's call (replacing its ``shuffle=False``)."""
     if not isinstance(loader, cst.Call) or r.analysis.names.last_part(loader.func) != "DataLoader":
-        raise r.refuse(sampler, "this DistributedSampler is not handed straight to a DataLoader")
+        raise r.refuse(
+            sampler, DDP_SAMPLER, "this DistributedSampler is not handed straight to a DataLoader"
+        )
     marked = cst.Call(placeholder("sharded"), args=[cst.Arg(shuffle)])
     old = keyword_arg(loader, "shuffle")
     if old is not None:
@@ -130,7 +137,9 @@ def _uses(r: Rewrite, samplers: dict[tuple[int, str], cst.BaseExpression]) -> No
         epoch = _set_epoch(a, parent)
         if epoch is None or key not in loaders:
             raise r.refuse(
-                name, "this DistributedSampler is used other than by its DataLoader and set_epoch"
+                name,
+                DDP_SAMPLER,
+                "this DistributedSampler is used other than by its DataLoader and set_epoch",
             )
         r.edits.replace(epoch, _epoch(loaders[key], epoch))  # type: ignore[index]
     for attribute in nodes(a.module, cst.Attribute):

@@ -13,6 +13,7 @@ import libcst as cst
 
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.patterns import dotted_name, keyword_arg, placeholder
+from accelify.transform.refusals import DDP_LAUNCH
 
 
 def unspawn(r: Rewrite) -> None:
@@ -27,7 +28,7 @@ def unspawn(r: Rewrite) -> None:
 
 def _unspawn(r: Rewrite, call: cst.Call) -> None:
     a = r.analysis
-    statement = r.bare_statement(call)
+    statement = r.bare_statement(call, DDP_LAUNCH)
     allowed = {"args", "nprocs", "join"}
     if (
         not call.args
@@ -36,16 +37,18 @@ def _unspawn(r: Rewrite, call: cst.Call) -> None:
             arg.keyword is not None and arg.keyword.value not in allowed for arg in call.args[1:]
         )
     ):
-        raise r.refuse(call, "this mp.spawn call has options accel-run cannot take over")
+        raise r.refuse(
+            call, DDP_LAUNCH, "this mp.spawn call has options accel-run cannot take over"
+        )
     target = a.functions.get(dotted_name(call.args[0].value) or "")
     if target is None or target.cls is not None:
-        raise r.refuse(call, "the spawned function is not a function of this file")
+        raise r.refuse(call, DDP_LAUNCH, "the spawned function is not a function of this file")
     if sum(dotted_name(c.func) == target.name for c, _s in a.calls) != 0:
-        raise r.refuse(call, f"{target.name}() is also called directly")
+        raise r.refuse(call, DDP_LAUNCH, f"{target.name}() is also called directly")
     spawned = keyword_arg(call, "args")
     values = _arguments(spawned.value if spawned is not None else None)
     if values is None:
-        raise r.refuse(call, "mp.spawn's args are not a literal tuple")
+        raise r.refuse(call, DDP_LAUNCH, "mp.spawn's args are not a literal tuple")
     nprocs = keyword_arg(call, "nprocs")
     size = a.module.code_for_node(nprocs.value) if nprocs is not None else None
     function: cst.FunctionDef = target.node  # type: ignore[assignment]
@@ -56,7 +59,9 @@ def _unspawn(r: Rewrite, call: cst.Call) -> None:
         or len(params.params) < len(values) + 1
         or any(p.default is not None for p in params.params[: len(values) + 1])
     ):
-        raise r.refuse(function, f"{target.name}()'s parameters do not match mp.spawn's args")
+        raise r.refuse(
+            function, DDP_LAUNCH, f"{target.name}()'s parameters do not match mp.spawn's args"
+        )
     sized = {
         i
         for i, value in enumerate(values)

@@ -16,6 +16,7 @@ from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import ENVIRONMENT, environment_variable
 from accelify.transform.edits import comments_in
 from accelify.transform.patterns import RANK_NAMES
+from accelify.transform.refusals import DDP_LAUNCH
 from accelify.transform.walk import nodes
 
 
@@ -34,7 +35,9 @@ def collapse_switches(r: Rewrite) -> None:
     for binding in switches.values():
         if not isinstance(binding.node, cst.Assign) or len(binding.node.targets) != 1:
             raise r.refuse(
-                binding.node, "this distributed/single-process switch is also bound otherwise"
+                binding.node,
+                DDP_LAUNCH,
+                "this distributed/single-process switch is also bound otherwise",
             )
         r.remove(a.parent(binding.node))  # type: ignore[arg-type]
         r.changed(
@@ -61,7 +64,9 @@ def _collapse(r: Rewrite, name: cst.Name) -> None:
     parent = a.parent(name)
     if isinstance(parent, cst.If) and parent.test is name:
         if isinstance(parent.orelse, cst.If):
-            raise r.refuse(parent, "an elif follows the distributed/single-process switch")
+            raise r.refuse(
+                parent, DDP_LAUNCH, "an elif follows the distributed/single-process switch"
+            )
         _refuse_distributed_only_checks(r, parent, name.value)
         if parent.orelse is not None:
             r.dropped.append(parent.orelse)
@@ -77,7 +82,9 @@ def _collapse(r: Rewrite, name: cst.Name) -> None:
         r.dropped.append(parent.orelse)
         r.edits.replace(parent, lambda node: node.body)  # type: ignore[attr-defined]
         return
-    raise r.refuse(name, f"{name.value} switches between distributed and single-process code here")
+    raise r.refuse(
+        name, DDP_LAUNCH, f"{name.value} switches between distributed and single-process code here"
+    )
 
 
 def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If, switch: str) -> None:
@@ -89,6 +96,7 @@ def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If, switch: str) -> 
         if not any(_reads_rank(n.value) for n in nodes(check, cst.Name)):  # type: ignore[attr-defined]
             raise r.refuse(
                 check,
+                DDP_LAUNCH,
                 f"this assert ran only on the distributed path (if {switch}:); kept as that path "
                 "is, it would also run on one process, where it did not",
             )

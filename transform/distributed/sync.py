@@ -17,6 +17,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.patterns import placeholder
+from accelify.transform.refusals import UNSYNCED_GRADIENTS
 from accelify.transform.steps.unwrap import SYNC_TOGGLE
 from accelify.transform.walk import nodes
 
@@ -29,11 +30,17 @@ def keep_sync_toggles(r: Rewrite) -> None:
             continue
         model = attribute.value  # type: ignore[attr-defined]
         if not r.is_wrapped(model):
-            raise r.refuse(attribute, f"toggles gradient sync ({what}) of a model it did not wrap")
+            raise r.refuse(
+                attribute,
+                UNSYNCED_GRADIENTS,
+                f"toggles gradient sync ({what}) of a model it did not wrap",
+            )
         parent = a.parent(attribute)
         if what == SYNC_TOGGLE:
             if not _assigned(a, attribute):
-                raise r.refuse(attribute, f"reads {SYNC_TOGGLE}; convert it by hand")
+                raise r.refuse(
+                    attribute, UNSYNCED_GRADIENTS, f"reads {SYNC_TOGGLE}; convert it by hand"
+                )
             r.info(
                 attribute,
                 f"kept {SYNC_TOGGLE}: it switches the prepared DDP model's gradient sync as it "
@@ -41,7 +48,11 @@ def keep_sync_toggles(r: Rewrite) -> None:
             )
             continue
         if not (isinstance(parent, cst.Call) and not parent.args and _entered(a, parent)):
-            raise r.refuse(attribute, "uses no_sync() other than as `with model.no_sync():`")
+            raise r.refuse(
+                attribute,
+                UNSYNCED_GRADIENTS,
+                "uses no_sync() other than as `with model.no_sync():`",
+            )
         r.edits.replace(parent, cst.Call(placeholder("no_sync"), [cst.Arg(model)]))
         r.changed(attribute, "model.no_sync() -> accelerator.no_sync(model)")
 

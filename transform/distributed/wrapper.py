@@ -19,6 +19,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.patterns import placeholder
+from accelify.transform.refusals import DDP_WRAPPER
 from accelify.transform.walk import nodes
 
 # Options DistributedDataParallelKwargs takes, as DistributedDataParallel does.
@@ -58,7 +59,9 @@ def unwrap_ddp(r: Rewrite) -> None:
         if attribute.attr.value != "module":  # type: ignore[attr-defined]
             continue
         if not r.is_wrapped(attribute.value):  # type: ignore[attr-defined]
-            raise r.refuse(attribute, "reads .module of a model the conversion cannot follow")
+            raise r.refuse(
+                attribute, DDP_WRAPPER, "reads .module of a model the conversion cannot follow"
+            )
         parent = a.parent(attribute)
         if isinstance(parent, cst.Attribute) and parent.value is attribute:
             # ``model.module.decode(z)``: the unwrap step reaches what the model's class adds.
@@ -108,19 +111,23 @@ def _options(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
     model = next((arg.value for arg in call.args if arg.keyword is None), None)
     positional = [arg for arg in call.args if arg.keyword is None]
     if model is None or len(positional) > 2 or any(arg.star for arg in call.args):
-        raise r.refuse(call, "DistributedDataParallel is given options by position")
+        raise r.refuse(call, DDP_WRAPPER, "DistributedDataParallel is given options by position")
     for arg in call.args:
         if arg.keyword is None or arg.keyword.value in _PLACEMENT:
             continue
         name = arg.keyword.value
         if name not in CARRIED:
-            raise r.refuse(call, f"DistributedDataParallel's {name}= has no Accelerate equivalent")
+            raise r.refuse(
+                call, DDP_WRAPPER, f"DistributedDataParallel's {name}= has no Accelerate equivalent"
+            )
         if not isinstance(arg.value, cst.Name | cst.Integer | cst.Float) or (
             isinstance(arg.value, cst.Name) and arg.value.value not in {"True", "False"}
         ):
-            raise r.refuse(arg, f"{name}= is computed; set DistributedDataParallelKwargs by hand")
+            raise r.refuse(
+                arg, DDP_WRAPPER, f"{name}= is computed; set DistributedDataParallelKwargs by hand"
+            )
         earlier = r.ddp_options.get(name)
         if earlier is not None and earlier.deep_equals(arg.value) is False:
-            raise r.refuse(arg, f"the models are wrapped with different {name}=")
+            raise r.refuse(arg, DDP_WRAPPER, f"the models are wrapped with different {name}=")
         r.ddp_options[name] = arg.value
     return model

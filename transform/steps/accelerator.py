@@ -17,6 +17,7 @@ from accelify.transform.analysis import Analysis, Binding, Scope, key_of, mentio
 from accelify.transform.flow import Block, Point
 from accelify.transform.patterns import Role, is_device, keyword_arg, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import BUILD_ORDER, BUILT_IN_LOOP, NAME_TAKEN
 from accelify.transform.setup import Refused
 from accelify.transform.steps.moves import device_move
 from accelify.transform.steps.prepare import LINE_LENGTH
@@ -99,7 +100,7 @@ def _creation_point(plan: Plan) -> Point:
     scope = setup.scope
     taken = a.names.imports.get("Accelerator") or ("Accelerator" in a.names.defined)
     if taken:
-        raise Refused(a.module, "the name Accelerator is already taken in this file")
+        raise Refused(a.module, NAME_TAKEN, "the name Accelerator is already taken in this file")
     if setup.prepare_at is None:  # a snippet: before its first use of the training objects
         body = t.body()
         keys = set(setup.keys)
@@ -143,13 +144,14 @@ def _creation_point(plan: Plan) -> Point:
         if after > min([limit, *musts]):
             raise Refused(
                 b.node,
+                BUILD_ORDER,
                 f"Accelerator(...) reads {b.key}, which is set only after the training objects "
                 "need the accelerator",
             )
         index = max(index, after)
     point = Point(block, index)
     if t.in_loop(point):
-        raise Refused(block, "the accelerator would be created inside a loop")
+        raise Refused(block, BUILT_IN_LOOP, "the accelerator would be created inside a loop")
     return point
 
 

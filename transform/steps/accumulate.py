@@ -21,6 +21,7 @@ import libcst as cst
 from accelify.transform.analysis import Loop, key_of, names_in
 from accelify.transform.patterns import Role, callee_name, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import ACCUMULATION, OBJECTS_NOT_FOLLOWED
 from accelify.transform.setup import BACKWARD, Refused, origins, step_order, stepped_optimizers
 from accelify.transform.steps.moves import prepared_loop
 
@@ -59,7 +60,9 @@ def accumulate(plan: Plan) -> None:
             found = _accumulation(plan, loop, step_if)
         except _Manual as why:
             if flag is not None:
-                raise Refused(step_if, f"--gradient-accumulation-steps: {why}") from None
+                raise Refused(
+                    step_if, ACCUMULATION, f"--gradient-accumulation-steps: {why}"
+                ) from None
             plan.info(
                 step_if,
                 f"kept the manual gradient accumulation ({why}): it stays right on several "
@@ -86,6 +89,7 @@ def _keeps_alternation(plan: Plan, loop: Loop) -> None:
         if a.line(call) < last:
             raise Refused(
                 call,
+                ACCUMULATION,
                 f"{key}.step() runs before a later backward in the same batch (alternating "
                 "updates): accumulate() holds every step to the window's last batch, so that "
                 "later loss would see weights not yet updated; convert without accumulation",
@@ -93,6 +97,7 @@ def _keeps_alternation(plan: Plan, loop: Loop) -> None:
         if a.enclosing(call, (cst.For, cst.While)) is not loop.node:
             raise Refused(
                 call,
+                ACCUMULATION,
                 f"{key}.step() runs in an inner loop, several times per batch: accumulate() "
                 "cannot keep that inside one window",
             )
@@ -108,6 +113,7 @@ def _zero_after_backward(plan: Plan, loop: Loop, last: int) -> None:
         if a.contains(loop.node, call) and a.line(call) < last and _zeroes(plan, call):
             raise Refused(
                 call,
+                ACCUMULATION,
                 f"{_code(plan, call)} runs before the backward: on a window's last batch it "
                 "would clear the gradients accumulated over the window (move it after the "
                 "optimizer's step)",
@@ -384,7 +390,9 @@ def _apply(plan: Plan, found: _Accumulation) -> None:
     steps = found.steps
     known = plan.accelerator_kwargs.get("gradient_accumulation_steps")
     if known is not None and _code(plan, known) != _code(plan, steps):
-        raise Refused(found.step_if, "two loops accumulate gradients over different step counts")
+        raise Refused(
+            found.step_if, ACCUMULATION, "two loops accumulate gradients over different step counts"
+        )
     plan.accelerator_kwargs["gradient_accumulation_steps"] = steps
     for node, edit in found.edits:
         if edit is None:
@@ -479,7 +487,9 @@ def _models_in(plan: Plan, loop: Loop) -> list[str]:
         return sorted(called, key=called.__getitem__)
     if len(models) == 1 and loop.scope is setup.scope:  # type: ignore[union-attr]
         return models
-    raise Refused(loop.node, "cannot tell which prepared model this loop trains")
+    raise Refused(
+        loop.node, OBJECTS_NOT_FOLLOWED, "cannot tell which prepared model this loop trains"
+    )
 
 
 def _code(plan: Plan, node: cst.CSTNode) -> str:

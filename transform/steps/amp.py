@@ -20,6 +20,7 @@ import libcst as cst
 from accelify.transform.analysis import key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import MIXED_PRECISION
 from accelify.transform.setup import BACKWARD, Refused, step_order, stepped_optimizers
 from accelify.transform.steps.backward import swapped, to_accelerator_backward
 from accelify.transform.walk import nodes
@@ -48,7 +49,9 @@ def amp(plan: Plan) -> None:
         _manual(plan)
         return
     if scalers and (uses := _other_scaler_uses(plan)):
-        raise Refused(uses[0], "--mixed-precision: the scaler is also used otherwise")
+        raise Refused(
+            uses[0], MIXED_PRECISION, "--mixed-precision: the scaler is also used otherwise"
+        )
     for call, scope in plan.training_calls():
         receiver = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
         if (
@@ -81,6 +84,7 @@ def _one_scaler_keeps_steps(plan: Plan) -> None:
         if BACKWARD not in (key, previous):
             raise Refused(
                 call,
+                MIXED_PRECISION,
                 f"--mixed-precision fp16: {key}.step() follows {previous}.step() with no "
                 f"backward between; the accelerator's one loss scaler changes its scale at "
                 f"{previous}.step(), after {key}'s gradients were scaled",

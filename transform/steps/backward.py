@@ -11,6 +11,7 @@ import libcst as cst
 from accelify.transform.analysis import Scope, key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import UNSYNCED_GRADIENTS
 from accelify.transform.setup import Refused, runs_ahead_of_builds
 
 
@@ -34,7 +35,9 @@ def backward(plan: Plan) -> None:
             plan.info(call, "left as is: it runs before any object prepare() wraps is built")
             continue
         if a.names.qualify(receiver) is not None:  # torch.autograd.backward(...)
-            raise Refused(call, f"{dotted_name(call.func)}(...): convert by hand")
+            raise Refused(
+                call, UNSYNCED_GRADIENTS, f"{dotted_name(call.func)}(...): convert by hand"
+            )
         accelerator = plan.accelerator(call)
         plan.edits.replace(call, lambda node, acc=accelerator: to_accelerator_backward(acc, node))
         plan.changed(call, swapped(a.module, receiver, receiver))

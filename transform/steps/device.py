@@ -16,6 +16,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Binding, key_of, mentions, names_in
 from accelify.transform.patterns import Role, is_device
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import ACCELERATOR_UNREACHABLE, BUILT_IN_LOOP, HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused
 
 # Uses that need a string: comparisons, string methods, concatenation, autocast's device_type.
@@ -81,6 +82,7 @@ def _refuse_read_global(plan: Plan, binding: Binding) -> None:
         if not local:
             raise Refused(
                 binding.node,
+                ACCELERATOR_UNREACHABLE,
                 f"{binding.key} is chosen at module level and read by the training in "
                 f"{', '.join(sorted(s.name + '()' for s in readers))}; choose it in "
                 f"{setup.scope.name}(), where the accelerator is created",
@@ -129,7 +131,11 @@ def _one_device(plan: Plan, bindings: list[Binding]) -> None:
             continue
         statement = a.statement_of(later.node)
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            raise Refused(later.node, f"{key} is chosen again here, among other statements")
+            raise Refused(
+                later.node,
+                HAND_PICKED_DEVICE,
+                f"{key} is chosen again here, among other statements",
+            )
         plan.remove(statement)
         plan.changed(later.node, f"removed a second choice of {key}")
 
@@ -145,7 +151,7 @@ def _holder(plan: Plan, binding: Binding) -> cst.BaseStatement | None:
     if top is None or isinstance(top, cst.SimpleStatementLine):
         return None
     if isinstance(top, cst.For | cst.While):
-        raise Refused(binding.node, f"{binding.key} is chosen in a loop")
+        raise Refused(binding.node, BUILT_IN_LOOP, f"{binding.key} is chosen in a loop")
     return top
 
 

@@ -38,6 +38,7 @@ from accelify.transform.patterns import (
     target_names,
 )
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import LOCKSTEP
 from accelify.transform.setup import Refused, Setup, reachable
 from accelify.transform.walk import Visitor, children, nodes, walk
 
@@ -155,7 +156,7 @@ def lockstep(plan: Plan) -> None:
             if isinstance(control, cst.For) and why in _VALUES_ONLY and not _counts(control):
                 continue  # how often a loop runs over a value is its size, not its values
             if why is not None:
-                raise Refused(control, _reason(a, control, test, why))
+                raise Refused(control, LOCKSTEP, _reason(a, control, test, why))
 
 
 def _walks_loader(a: Analysis, loop: cst.For) -> bool:

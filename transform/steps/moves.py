@@ -14,6 +14,7 @@ from accelify.transform import patterns
 from accelify.transform.analysis import Analysis, Loop, Scope, key_of, unwrap_moves
 from accelify.transform.patterns import Role, dotted_name, is_device, method_call, target_names
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused, origins
 
 
@@ -95,6 +96,7 @@ def _moved_elsewhere(plan: Plan, models: set[str]) -> set[str]:
         if moved and _training_goes_on(plan, call):
             raise Refused(
                 call,
+                HAND_PICKED_DEVICE,
                 f"{receiver} is moved off its device while training goes on: the prepared "
                 "(DistributedDataParallel) model would stop synchronising; save "
                 f"accelerator.unwrap_model({receiver}).state_dict() without moving it",

@@ -16,6 +16,7 @@ from accelify.transform.analysis import Analysis, Loop, key_of, mentions
 from accelify.transform.participation import idle_submodules, partly_used, random_layers
 from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import STEP_ORDER
 from accelify.transform.setup import Refused
 from accelify.transform.walk import nodes
 
@@ -154,6 +155,7 @@ def _epoch_schedulers(plan: Plan) -> None:
     if per_batch[False] and per_batch[True]:
         raise Refused(
             per_batch[False][0],
+            STEP_ORDER,
             "schedulers step per epoch and per batch: a prepared scheduler steps either once "
             "per process or once per call, not both",
         )

@@ -16,6 +16,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Scope, name_nodes
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import NAME_TAKEN, UNTRACKED_USE
 from accelify.transform.setup import ACCELERATOR, Refused
 from accelify.transform.steps.accelerator import is_docstring
 
@@ -58,10 +59,11 @@ def _keep_on_self(plan: Plan, init: Scope) -> None:
         if mention is not cls.name and id(mention) not in builds:
             raise Refused(
                 mention,
+                UNTRACKED_USE,
                 f"{name} is used here other than built, so it cannot be handed the accelerator",
             )
     if any(b.key == f"self.{ACCELERATOR}" and b.scope.cls is cls for b in a.bindings):
-        raise Refused(cls, f"{name} already has an attribute {ACCELERATOR}")
+        raise Refused(cls, NAME_TAKEN, f"{name} already has an attribute {ACCELERATOR}")
     body = init.body
     first = 1 if body and is_docstring(body[0]) else 0
     statement = plan.statement(f"self.{ACCELERATOR} = {ACCELERATOR}\n")

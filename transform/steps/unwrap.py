@@ -17,6 +17,7 @@ import libcst as cst
 
 from accelify.transform.analysis import key_of
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import BARE_MODULE
 from accelify.transform.setup import Refused, in_training_step, origins
 
 # What DistributedDataParallel and friends answer for the module itself.
@@ -57,6 +58,7 @@ def unwrap(plan: Plan) -> None:
         if called and node.attr.value not in _BOOKKEEPING and in_training_step(a, node):
             raise Refused(
                 node,
+                BARE_MODULE,
                 f"the training step calls {key}.{node.attr.value}(...), which the prepared "
                 f"(wrapped) model does not have; call {key}(...) itself or convert by hand",
             )

@@ -29,6 +29,7 @@ from accelify.transform.patterns import (
     method_call,
 )
 from accelify.transform.plan import Plan
+from accelify.transform.refusals import HAND_PICKED_DEVICE, UNTRACKED_USE
 from accelify.transform.setup import Refused, Setup, in_training_step, origins
 from accelify.transform.steps.unwrap import MODULE_API
 from accelify.transform.walk import Visitor, walk
@@ -94,7 +95,7 @@ def uses(plan: Plan) -> None:
     for use in _references(a, setup, roles):  # type: ignore[arg-type]
         why = _unaccounted(a, setup, use)
         if why is not None:
-            raise Refused(why[0], why[1])
+            raise Refused(why[0], UNTRACKED_USE, why[1])
 
 
 def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
@@ -108,6 +109,7 @@ def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
             continue  # a rank the DDP rewrite made the accelerator's device
         raise Refused(
             call,
+            HAND_PICKED_DEVICE,
             f".cuda({a.module.code_for_node(index)}) puts this on one fixed GPU, while the "
             "accelerator gives each process its own device and decides itself whether to use "
             "one: they would meet on different devices; move it to accelerator.device by hand",
@@ -130,6 +132,7 @@ def _refuse_batches_to_numpy(a: Analysis, setup: Setup) -> None:
             ):
                 raise Refused(
                     node,
+                    HAND_PICKED_DEVICE,
                     f"{key_of(node.value)}.numpy() reads a batch of the prepared loader, which "
                     "comes on the accelerator's device (a GPU's tensors have no .numpy()); "
                     "move it with .cpu() first, by hand",
