@@ -147,7 +147,10 @@ def refusals(module: cst.Module, source: str) -> tuple[Note, ...]:
     distributed = dedistribute(module, source)
     if distributed is None:
         return tuple(plan_conversion(module, Options()).notes)
-    return distributed.notes if distributed.module is None else ()
+    if distributed.module is None:
+        return distributed.notes
+    plan = plan_conversion(distributed.module, Options(), extra=_extra(distributed))
+    return _whole_file_refusals(module, distributed, plan)
 
 
 @deep_enough
@@ -174,17 +177,22 @@ def _convert_distributed(
         return Result(code=source, notes=d.notes, original=source)
     if (unprinted := _unprinted(module, source)) is not None:
         return unprinted
-    plan = plan_conversion(d.module, options, path, (d.step,) if d.step else ())
+    plan = plan_conversion(d.module, options, path, _extra(d))
     notes = [replace(n, line=d.original_line(n.line)) for n in plan.notes]
-    if plan.setup is None or not plan.edits:  # its training could not be converted: none of it
-        why = [n for n in notes if n.manual or n.info] or [
-            Note(
-                1,
-                "left unchanged: no training to convert once DDP is removed",
-                manual=True,
-                refusal=NO_TRAINING.code,
-            )
-        ]
+    refused = _whole_file_refusals(module, d, plan)
+    if plan.setup is None or not plan.edits or refused:
+        why = (
+            refused
+            or [n for n in notes if n.manual or n.info]
+            or [
+                Note(
+                    1,
+                    "left unchanged: no training to convert once DDP is removed",
+                    manual=True,
+                    refusal=NO_TRAINING.code,
+                )
+            ]
+        )
         return Result(code=source, notes=tuple(sorted(set(why))), original=source)
     code = apply(d.module, plan.edits, plan.analysis.parents).code
     _check_valid(code, path)
@@ -194,6 +202,28 @@ def _convert_distributed(
         note = Note(line, why, manual=True, refusal=DDP_RANK.code)
         return Result(code=source, notes=(note,), original=source)
     return Result(code=code, notes=tuple(sorted({*d.notes, *notes})), original=source)
+
+
+def _extra(d: Dedistributed) -> tuple[Step, ...]:
+    return (d.step,) if d.step else ()
+
+
+def _whole_file_refusals(module: cst.Module, d: Dedistributed, plan: Plan) -> tuple[Note, ...]:
+    """The setups the conversion of a hand-distributed file leaves as they are, at their lines
+    (and statements) of ``module``, the original. Any one keeps the whole file unchanged: DDP,
+    its process group and its spawn go for the whole file, and a setup left as it was would
+    then train alone on each process."""
+    refused = [n for n in plan.notes if n.manual and n.refusal is not None]
+    if not refused:
+        return ()
+    wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    starts: dict[int, cst.CSTNode] = {}
+    for node, where in wrapper.resolve(cst.metadata.PositionProvider).items():
+        if isinstance(node, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+            starts.setdefault(where.start.line, node)
+    return tuple(
+        replace(n, line=(line := d.original_line(n.line)), node=starts.get(line)) for n in refused
+    )
 
 
 def _unprinted(module: cst.Module, source: str) -> Result | None:
