@@ -512,7 +512,12 @@ def _infer_roles(a: Analysis) -> None:
     give = _RoleGiver(a)
     _roles_from_constructors(a, give)
     _roles_from_usage(a, give)
-    links = a.links = [*call_links(a), *attribute_links(a), *return_links(a, give)]
+    links = a.links = [
+        *call_links(a),
+        *attribute_links(a),
+        *alias_links(a),
+        *return_links(a, give),
+    ]
     _spread(a, give, links)
     if _roles_from_ordinals(a, give, links):
         _spread(a, give, links)
@@ -758,6 +763,22 @@ def attribute_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
         value = unwrap_moves(b.value) if b.value is not None else None
         name = key_of(value) if value is not None else None
         if len(found) == 1 and name is not None and not name.startswith("self."):
+            yield b.scope, key, b.scope, name
+
+
+def alias_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
+    """(scope, ``alias``, scope, ``name``) for a plain name a scope binds exactly once, to another
+    plain name (the PyTorch tutorial's ``ddp_model = model``, once DDP is gone): both name one
+    object, so a role either has is the other's too."""
+    counts: dict[tuple[int, str], list[Binding]] = {}
+    for b in a.bindings:
+        if not b.key.startswith("self."):
+            counts.setdefault((id(b.scope), b.key), []).append(b)
+    for (_scope, key), found in counts.items():
+        b = found[0]
+        value = unwrap_moves(b.value) if b.value is not None else None
+        name = key_of(value) if value is not None else None
+        if len(found) == 1 and name is not None and name != key and not name.startswith("self."):
             yield b.scope, key, b.scope, name
 
 

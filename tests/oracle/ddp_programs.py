@@ -1,12 +1,14 @@
 """Hand-written DDP training scripts for the differential oracle, and the judge that runs them.
 
-One program, written in every combination of: how its processes start (``torchrun``, or
-``mp.spawn`` from the script), whether its ``DistributedSampler`` shuffles, whether it saves a
-checkpoint under a rank guard every epoch, whether it all-reduces its loss sum, and whether it
-accumulates gradients over two batches, skipping DDP's sync of the first under ``no_sync()`` or
-with nanoGPT's ``require_backward_grad_sync`` switch. Each script writes, from
-rank 0, what it did: optimizer steps, samples seen by that rank, the last epoch's mean loss, the
-final weights and their loss on the whole dataset (to ``$DDP_OUT/result.pt``).
+One program, written in every combination of: how its processes start (``torchrun``, ``mp.spawn``
+from the script, or the PyTorch DDP tutorial's ``run_demo(demo_fn, world_size)`` that spawns the
+function it is given), whether the wrapped model is the tutorial's second name
+(``ddp_model = DDP(model)``, trained and saved through it), whether its ``DistributedSampler``
+shuffles, whether it saves a checkpoint under a rank guard every epoch, whether it all-reduces its
+loss sum, and whether it accumulates gradients over two batches, skipping DDP's sync of the first
+under ``no_sync()`` or with nanoGPT's ``require_backward_grad_sync`` switch. Each script writes,
+from rank 0, what it did: optimizer steps, samples seen by that rank, the last epoch's mean loss,
+the final weights and their loss on the whole dataset (to ``$DDP_OUT/result.pt``).
 
 The original runs under ``torchrun --nproc-per-node 2`` (gloo; ``mp.spawn`` scripts start their
 two processes themselves) and the conversion under ``accel-run --cpu --num-processes 2``:
@@ -24,6 +26,7 @@ two processes themselves) and the conversion under ``accel-run --cpu --num-proce
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,7 +39,8 @@ from runner import BIN, _free_port, clean_env
 from accelify.transform.convert import Options, convert
 
 AXES: dict[str, tuple[str, ...]] = {
-    "launch": ("torchrun", "spawn"),
+    "launch": ("torchrun", "spawn", "tutorial"),
+    "wrap": ("inline", "ddp_model"),
     "shuffle": ("False", "True"),
     "save": ("none", "guarded"),
     "reduce": ("none", "all_reduce"),
@@ -138,16 +142,39 @@ def name(choice: dict[str, str]) -> str:
     return "-".join(f"{k}={v}" for k, v in choice.items())
 
 
+_STARTS = {
+    "torchrun": "    main()\n",
+    "spawn": "    mp.spawn(main, args=(2,), nprocs=2)\n",
+    "tutorial": "    run_demo(main, 2)\n",
+}
+_RUN_DEMO = """def run_demo(demo_fn, world_size):
+    mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)
+
+
+"""
+
+
 def render(choice: dict[str, str]) -> str:
-    spawn = choice["launch"] == "spawn"
+    spawned = spawns(choice)
     body = _BODY.format(
         shuffle=choice["shuffle"],
         step=_STEPS[choice["accumulate"]],
         reduce=_REDUCE if choice["reduce"] == "all_reduce" else "",
         save=_SAVE if choice["save"] == "guarded" else "",
     )
-    start = "    mp.spawn(main, args=(2,), nprocs=2)\n" if spawn else "    main()\n"
-    return _HEADER + (_SPAWN_SETUP if spawn else _TORCHRUN_SETUP) + body + start
+    if choice["wrap"] == "ddp_model":  # every use of the wrapped model goes through the new name
+        second = "model = nn.Linear(8, 1)\n    ddp_model = DDP(model)"
+        body = re.sub(r"\bmodel\b", "ddp_model", body)
+        body = body.replace("ddp_model = DDP(nn.Linear(8, 1))", second)
+    if choice["launch"] == "tutorial":
+        body = body.replace('if __name__ == "__main__":', _RUN_DEMO + 'if __name__ == "__main__":')
+    setup = _SPAWN_SETUP if spawned else _TORCHRUN_SETUP
+    return _HEADER + setup + body + _STARTS[choice["launch"]]
+
+
+def spawns(choice: dict[str, str]) -> bool:
+    """Whether the script starts its own processes (else torchrun starts them)."""
+    return choice["launch"] != "torchrun"
 
 
 @dataclass
@@ -191,7 +218,7 @@ def original(source: str, choice: dict[str, str]) -> Outcome:
     """The hand-written script's own run; one that only aborted in gloo's teardown runs again
     (the question is what it trains, and the conversion's run gets no such second chance)."""
     for _attempt in range(_ORIGINAL_TRIES):
-        if choice["launch"] == "spawn":
+        if spawns(choice):
             outcome = run(source, [sys.executable])
         else:
             port = str(_free_port())

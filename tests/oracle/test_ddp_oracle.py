@@ -27,11 +27,14 @@ from accelify.transform.sources import python_ast
 
 # Every value of every axis, in four runs.
 SAMPLE = [
-    {"launch": "torchrun", "shuffle": "False", "save": "guarded", "reduce": "all_reduce"},
-    {"launch": "spawn", "shuffle": "False", "save": "none", "reduce": "none"},
-    {"launch": "torchrun", "shuffle": "True", "save": "none", "reduce": "all_reduce"},
-    {"launch": "spawn", "shuffle": "True", "save": "guarded", "reduce": "none"},
-]
+    {"launch": "torchrun", "wrap": "inline", "shuffle": "False", "save": "guarded",
+     "reduce": "all_reduce"},
+    {"launch": "spawn", "wrap": "ddp_model", "shuffle": "False", "save": "none", "reduce": "none"},
+    {"launch": "tutorial", "wrap": "ddp_model", "shuffle": "True", "save": "none",
+     "reduce": "all_reduce"},
+    {"launch": "tutorial", "wrap": "inline", "shuffle": "True", "save": "guarded",
+     "reduce": "none"},
+]  # fmt: skip
 SAMPLE = [
     {**choice, "accumulate": accumulate}
     for choice, accumulate in zip(SAMPLE, ("no_sync", "toggle", "none", "no_sync"), strict=True)
@@ -52,13 +55,17 @@ def test_sample_covers_every_axis_value() -> None:
 
 
 @pytest.mark.parametrize("choice", [c for c in variants() if c["launch"] == "torchrun"], ids=name)
-def test_torchrun_and_spawn_forms_convert_to_the_same_main(choice: dict[str, str]) -> None:
-    spawned = {**choice, "launch": "spawn"}
+@pytest.mark.parametrize("launch", ["spawn", "tutorial"])
+def test_torchrun_and_spawn_forms_convert_to_the_same_main(
+    choice: dict[str, str], launch: str
+) -> None:
     torchrun_result = convert(render(choice))
-    spawn_result = convert(render(spawned))
+    spawn_result = convert(render({**choice, "launch": launch}))
     assert torchrun_result.changed and not torchrun_result.manual
+    assert not spawn_result.manual, spawn_result.notes
     assert _main_of(torchrun_result.code) == _main_of(spawn_result.code)
-    assert "torch.distributed" not in spawn_result.code and "mp.spawn" not in spawn_result.code
+    for gone in ("torch.distributed", "mp.spawn", "DistributedSampler", "init_process_group"):
+        assert gone not in spawn_result.code
 
 
 @pytest.mark.slow
