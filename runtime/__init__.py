@@ -19,6 +19,7 @@ NEEDS_TORCH = (
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
+    from .big_modeling import init_empty_weights, init_on_device
     from .checkpoint import load_checkpoint_in_model
     from .config import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
     from .data import prepare_data_loader, send_to_device, skip_first_batches
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         pad_across_processes,
         reduce,
     )
+    from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
     from .properties import FP8BackendType
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
     from .sharding import SeedableRandomSampler
@@ -69,12 +71,14 @@ _HOMES = {
     "AutocastKwargs": "handlers",
     "DDPCommunicationHookType": "handlers",
     "DataLoaderConfiguration": "config",
+    "DeepSpeedPlugin": "plugins",
     "DistributedDataParallelKwargs": "handlers",
     "DistributedOperationException": "ops",
     "DistributedType": "state",
     "DummyOptim": "deepspeed_placeholders",
     "DummyScheduler": "deepspeed_placeholders",
     "FP8BackendType": "properties",
+    "FullyShardedDataParallelPlugin": "plugins",
     "GeneralTracker": "tracking",
     "GradScalerKwargs": "handlers",
     "GradientAccumulationPlugin": "config",
@@ -95,6 +99,8 @@ _HOMES = {
     "gather": "ops",
     "gather_object": "ops",
     "get_logger": "logging",
+    "init_empty_weights": "big_modeling",
+    "init_on_device": "big_modeling",
     "is_bf16_available": "imports",
     "is_bnb_available": "imports",
     "is_cuda_available": "imports",
@@ -123,12 +129,14 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
     "DummyOptim",
     "DummyScheduler",
     "FP8BackendType",
+    "FullyShardedDataParallelPlugin",
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
@@ -149,6 +157,8 @@ __all__ = [
     "gather",
     "gather_object",
     "get_logger",
+    "init_empty_weights",
+    "init_on_device",
     "is_bf16_available",
     "is_bnb_available",
     "is_cuda_available",

@@ -30,6 +30,7 @@ from . import (
     handlers,
     hooks,
     ops,
+    plugins,
     precision,
     profiling,
     properties,
@@ -59,8 +60,8 @@ class Accelerator(properties.SettingsFacts):
         cpu: bool = False,
         dataloader_config: config.DataLoaderConfiguration | None = None,
         *,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
+        deepspeed_plugin: plugins.DeepSpeedPlugin | None = None,
+        fsdp_plugin: plugins.FullyShardedDataParallelPlugin | None = None,
         torch_tp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
         rng_types: Sequence[str | rng.RNGType] | None = None,
@@ -81,13 +82,12 @@ class Accelerator(properties.SettingsFacts):
         default ``ACCELIFY_SYNC_CHECK``, else ``first``): when data-parallel processes compare
         their weights (``replicas.py``)."""
         properties.unsupported_plugins(
-            deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins,
-            fsdp_plugin=fsdp_plugin,
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
         )
+        backend = plugins.requested(deepspeed_plugin, fsdp_plugin)  # before the state resolves
         options = handlers.collect(kwargs_handlers)
         for kind, handler in handlers.given(kwargs_handlers).items():
             setattr(self, f"{kind}_handler", handler)  # HF's ddp_handler, profile_handler, ...
@@ -97,6 +97,9 @@ class Accelerator(properties.SettingsFacts):
         self.state: ProcessState = state.process_state(config.use_cpu(cpu), options["init"])
         self.mixed_precision = config.mixed_precision(mixed_precision)
         self.dataloader_config = _loader_config(dataloader_config, split_batches, even_batches)
+        if backend and gradient_accumulation_plugin is None and gradient_accumulation_steps == 1:
+            # DeepSpeedPlugin(gradient_accumulation_steps=N) sets the default, as its variable does
+            gradient_accumulation_steps = backend.accumulation_steps or 1
         self._shared = _step_state(gradient_accumulation_plugin, gradient_accumulation_steps)
         state.share_steps(self._shared)
         self.device_placement = device_placement
@@ -107,7 +110,8 @@ class Accelerator(properties.SettingsFacts):
         self.log_with = tracking.select(log_with, self.logging_dir)
         self.trackers: list[tracking.GeneralTracker] = []
         hook = handlers.comm_hook(self.ddp_handler)
-        self.strategy = strategies.select(self.state, comm_hook=hook, **options["ddp"])
+        chosen = backend.strategy_kwargs(self.state) if backend else {}
+        self.strategy = strategies.select(self.state, comm_hook=hook, **options["ddp"], **chosen)
         if self._compile and self.distributed_type == DistributedType.DEEPSPEED:
             raise ValueError("dynamo_backend under DeepSpeed is not supported by accelify")
         self.precision = precision.select(

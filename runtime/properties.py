@@ -125,8 +125,8 @@ class SettingsFacts:
         """``None`` off DeepSpeed, as in HF; under DeepSpeed accelify has no plugin object."""
         if self.state.distributed_type == DistributedType.DEEPSPEED:
             raise NotImplementedError(
-                "accelerator.deepspeed_plugin: accelify configures DeepSpeed from the launch "
-                "(accel-run --use-deepspeed ...); its config is accelerator.strategy.config"
+                "accelerator.deepspeed_plugin: accelify keeps no plugin object under DeepSpeed; "
+                "the config the engine trains with is accelerator.strategy.config"
             )
 
     # -- the loader configuration, read through (HF's names) ---------------------------------
@@ -208,9 +208,7 @@ class SettingsFacts:
 def unsupported_plugins(**plugins: Any) -> None:
     """Refuse HF's plugin arguments accelify has no implementation for, naming what to use."""
     instead = {
-        "deepspeed_plugin": "accel-run --use-deepspeed (with --deepspeed-config-file FILE)",
-        "deepspeed_plugins": "accel-run --use-deepspeed (with --deepspeed-config-file FILE)",
-        "fsdp_plugin": "accel-run --use-fsdp (and its --fsdp-* options or a config file)",
+        "deepspeed_plugins": "one DeepSpeedPlugin as deepspeed_plugin (several are not)",
         "torch_tp_plugin": "nothing: tensor parallelism is not supported",
         "megatron_lm_plugin": "nothing: Megatron-LM is not supported",
         "parallelism_config": "accel-run --use-fsdp for sharding; TP/CP are not supported",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,30 @@ from ..state import ProcessState
 from .base import Strategy, Training
 
 TAG = "pytorch_model"  # the engine checkpoint's folder inside save_state's, HF's name
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """What a run asks of DeepSpeed: launch options and the config they go into.
+
+    ``config`` is a JSON file's path, a dict (``DeepSpeedPlugin(hf_ds_config=...)``) or ``None``
+    to build one from the options alone; ``where`` names it in error messages.
+    """
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    config: str | Mapping[str, Any] | None = None
+    where: str = "the launch options"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> DeepSpeedSettings:
+        """What the launcher's ``ACCELERATE_DEEPSPEED_*`` variables ask for (HF's contract)."""
+        path = environ.get(dsc.CONFIG_FILE_ENV) or None
+        return cls(dsc.options_from_env(environ), path, path or "the launch options")
+
+    def merged(self) -> dict[str, Any]:
+        """The config with the options in it, its ``"auto"`` values still to fill."""
+        config = dsc.read_file(self.config) if isinstance(self.config, str) else self.config
+        return dsc.merge_options(config, self.options, self.where)
 
 
 class DeepSpeedOptimizer(PreparedOptimizer):
@@ -57,10 +82,12 @@ class DeepSpeed(Strategy):
 
     owns_precision = True
 
-    def __init__(self, state: ProcessState, **kwargs: Any) -> None:
+    def __init__(
+        self, state: ProcessState, settings: DeepSpeedSettings | None = None, **kwargs: Any
+    ) -> None:
+        """``settings`` from a ``DeepSpeedPlugin``, else the launcher's variables."""
         super().__init__(state)
-        self.options = dsc.options_from_env(os.environ)
-        self.config_file = os.environ.get(dsc.CONFIG_FILE_ENV) or None
+        self.settings = DeepSpeedSettings.from_env(os.environ) if settings is None else settings
         self.engine: Any = None
         self.config: dict[str, Any] = {}
 
@@ -112,10 +139,8 @@ class DeepSpeed(Strategy):
     def _config(
         self, objects: list[Any], training: Training, optimizer: Any, scheduler: Any
     ) -> dict:
-        file = dsc.read_file(self.config_file) if self.config_file else None
-        where = self.config_file or "the launch options"
-        config = dsc.merge_options(file, self.options, where)
-        _check_declared(config, where, optimizer, scheduler)
+        config = self.settings.merged()
+        _check_declared(config, self.settings.where, optimizer, scheduler)
         if isinstance(optimizer, torch.optim.Optimizer):
             config["zero_allow_untested_optimizer"] = True  # any torch optimizer, as HF does
         batch_sizes = [o.batch_size for o in objects if isinstance(o, DataLoader)]

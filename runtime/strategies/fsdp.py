@@ -49,6 +49,8 @@ class FsdpOptions:
     min_num_params: int = 0
     offload_params: bool = False
     state_dict_type: str = "FULL_STATE_DICT"
+    # FullyShardedDataParallelPlugin(mixed_precision_policy=...); None: from mixed_precision
+    mp_policy: MixedPrecisionPolicy | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> FsdpOptions:
@@ -84,9 +86,12 @@ class FSDP(Strategy):
 
     places_models = True
 
-    def __init__(self, state: ProcessState, **kwargs: Any) -> None:
+    def __init__(
+        self, state: ProcessState, settings: FsdpOptions | None = None, **kwargs: Any
+    ) -> None:
+        """``settings`` from a ``FullyShardedDataParallelPlugin``, else the launcher's variables."""
         super().__init__(state)
-        self.options = FsdpOptions.from_env(os.environ)
+        self.options = FsdpOptions.from_env(os.environ) if settings is None else settings
         if self.options.offload_params and state.device.type != "cuda":
             raise ValueError("fsdp_offload_params moves parameters off a GPU; it needs CUDA")
         self.mixed_precision = "no"
@@ -157,6 +162,8 @@ class FSDP(Strategy):
         return init_device_mesh(device, (world,))
 
     def _mp_policy(self) -> MixedPrecisionPolicy:
+        if self.options.mp_policy is not None:
+            return self.options.mp_policy
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.mixed_precision)
         if dtype is None:
             return MixedPrecisionPolicy()

@@ -160,8 +160,7 @@ def test_dynamo_backend_compiles_the_prepared_model() -> None:
 @pytest.mark.parametrize(
     ("argument", "says"),
     [
-        ("deepspeed_plugin", "--use-deepspeed"),
-        ("fsdp_plugin", "--use-fsdp"),
+        ("deepspeed_plugins", "one DeepSpeedPlugin"),
         ("torch_tp_plugin", "tensor parallelism"),
         ("megatron_lm_plugin", "Megatron"),
         ("parallelism_config", "not supported"),
