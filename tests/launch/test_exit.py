@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "launch" / "no_end_training.py"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "launch"
+SCRIPT = FIXTURES / "no_end_training.py"
 
 
 @pytest.mark.slow
@@ -49,7 +50,7 @@ def test_clean_jobs_exit_zero_every_time(accel_run, backend: list[str]) -> None:
         run = accel_run("--cpu", "--num-processes", "2", *backend, str(SCRIPT))
         if run.returncode != 0:
             failed.append(f"exit {run.returncode}: {run.stderr[-500:]}")
-    assert failed == [], f"{len(failed)} of {RUNS} clean runs failed; first: {failed[0]}"
+    assert failed == [], f"{len(failed)} of {YAML_RUNS} clean runs failed; first: {failed[0]}"
 
 
 OPEN_FILE = SCRIPT.with_name("leaves_a_file_open.py")
@@ -72,3 +73,64 @@ def test_leaving_without_teardown_keeps_what_teardown_did_for_the_script(
     assert run.returncode == 3, run.stderr[-2000:]
     assert "SystemExit: 3" in run.stderr
     assert "Warning" not in run.stderr, run.stderr  # nothing new is printed on the way out
+
+
+CONFIG_JOB = FIXTURES / "fsdp_config_job.py"
+# 160 such jobs (4 shapes x 40) exited 0 when this was written; one run per shape keeps the shape
+# launched as users launch it in every CI run (ACCELIFY_YAML_EXIT_RUNS=40 to hunt).
+YAML_RUNS = int(os.environ.get("ACCELIFY_YAML_EXIT_RUNS", "1"))
+# What `accel-run config` and `accelerate config` write for FSDP2 on CPUs (issue 25's launch).
+FSDP_YAML = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_offload_params: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: FULL_STATE_DICT
+  fsdp_sync_module_states: false
+  fsdp_transformer_layer_cls_to_wrap: Block
+  fsdp_version: 2
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+use_cpu: true
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ending", "saved"),
+    [
+        (["--save-state", "checkpoint"], "checkpoint/model.safetensors"),
+        (["--state-dict", "weights.bin", "--end-training"], "weights.bin"),
+    ],
+    ids=["save_state-no-end_training", "get_state_dict-end_training"],
+)
+def test_fsdp2_jobs_launched_from_a_yaml_config_exit_zero_every_time(
+    accel_run, tmp_path, ending: list[str], saved: str
+) -> None:
+    """Issue 25: the launch users run, `accel-run --config-file fsdp.yaml train.py`, with blocks
+    wrapped by the config, DataLoader workers and a save at the end, with and without
+    end_training(). Every run exits 0, after training as FSDP on both ranks, with the group torn
+    down before the interpreter exits and the save written."""
+    (tmp_path / "fsdp.yaml").write_text(FSDP_YAML)
+    failed = []
+    for _ in range(YAML_RUNS):
+        run = accel_run("--config-file", "fsdp.yaml", str(CONFIG_JOB), *ending, timeout=120)
+        if run.returncode != 0:
+            failed.append(f"exit {run.returncode}: {run.stderr[-500:]}")
+            continue
+        assert run.stdout.count("trained as FSDP") == 2, run.stdout
+        assert run.stdout.count("group up at exit: False") == 2, run.stdout
+        assert (tmp_path / saved).is_file(), sorted(p.name for p in tmp_path.iterdir())
+        (tmp_path / saved).unlink()
+    assert failed == [], f"{len(failed)} of {YAML_RUNS} clean runs failed; first: {failed[0]}"
