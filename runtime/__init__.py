@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         is_mps_available,
         is_pytest_available,
         is_rocm_available,
+        is_schedulefree_available,
         is_xpu_available,
     )
     from .launch.notebook import debug_launcher, notebook_launcher
@@ -110,6 +111,7 @@ _HOMES = {
     "is_mps_available": "imports",
     "is_pytest_available": "imports",
     "is_rocm_available": "imports",
+    "is_schedulefree_available": "imports",
     "is_xpu_available": "imports",
     "load_checkpoint_in_model": "checkpoint",
     "notebook_launcher": "launch.notebook",
@@ -168,6 +170,7 @@ __all__ = [
     "is_mps_available",
     "is_pytest_available",
     "is_rocm_available",
+    "is_schedulefree_available",
     "is_xpu_available",
     "load_checkpoint_in_model",
     "notebook_launcher",

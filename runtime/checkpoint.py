@@ -365,7 +365,8 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     digests = checksums.recorded(folder)  # read once; each file is checked as it is loaded
 
     def read(name: str, allowed: list[Any] | None = None) -> Any:
-        checksums.verify(digests, folder, folder / name)
+        if (folder / name).is_file():  # a missing one is named as missing by load_object
+            checksums.verify(digests, folder, folder / name)
         return load_object(folder / name, allowed)
 
     meta_path = folder / META
@@ -385,10 +386,21 @@ def load_state(directory: str | os.PathLike, parts: Parts) -> dict[str, Any]:
     for kind, objects in (
         ("optimizer", parts.optimizers if common else []),
         ("scheduler", parts.schedulers),
-        ("dataloader", [] if by_hf else parts.dataloaders),
     ):
         for i, obj in enumerate(objects):
             obj.load_state_dict(read(numbered(kind, i, ".bin")))
+    for i, loader in enumerate([] if by_hf else parts.dataloaders):
+        name = numbered("dataloader", i, ".bin")
+        if not (folder / name).is_file() and name not in digests:
+            # Prepared after the save (an evaluation loader, say): HF loads no loader state and
+            # goes on, and so does this loader, from its start. One the save wrote must be there.
+            warnings.warn(
+                f"{folder}: no position saved for prepared data loader {i} (prepared after the "
+                "save?); it starts from its beginning",
+                stacklevel=3,
+            )
+            continue
+        loader.load_state_dict(read(name))
     if parts.precision.state_dict() is not None:
         parts.precision.load_state_dict(read(hf_layout.SCALER))
     for i, obj in enumerate(parts.custom):

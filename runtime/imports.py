@@ -66,3 +66,7 @@ def is_pytest_available() -> bool:
 
 def is_bnb_available() -> bool:
     return _installed("bitsandbytes")
+
+
+def is_schedulefree_available() -> bool:
+    return _installed("schedulefree")

@@ -310,3 +310,20 @@ def test_saved_files_get_the_usual_permissions(tmp_path: Path) -> None:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "w.pt").stat().st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
+
+
+def test_a_loader_prepared_after_the_save_starts_from_its_beginning(tmp_path: Path) -> None:
+    """As under HF (which loads no plain loader's state), a loader the checkpoint knows nothing of
+    does not stop load_state; the ones it saved get their position back, and a saved one that
+    went missing is still an error."""
+    accelerator = Accelerator(cpu=True)
+    train = accelerator.prepare(DataLoader(range(8), batch_size=2))
+    next(iter(train))  # an epoch started, then saved mid-way
+    accelerator.save_state(tmp_path / "ckpt")
+    evaluation = accelerator.prepare(DataLoader(range(4), batch_size=2))
+    with pytest.warns(UserWarning, match="no position saved for prepared data loader 1"):
+        accelerator.load_state(tmp_path / "ckpt")
+    assert [b.tolist() for b in evaluation] == [[0, 1], [2, 3]]
+    (tmp_path / "ckpt" / "dataloader.bin").unlink()
+    with pytest.raises(FileNotFoundError, match=r"dataloader\.bin: missing from the checkpoint"):
+        accelerator.load_state(tmp_path / "ckpt")

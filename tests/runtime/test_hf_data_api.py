@@ -119,6 +119,7 @@ def test_copy_tensor_to_devices_returns_the_holders_tensor_on_one_process() -> N
         "is_mps_available",
         "is_pytest_available",
         "is_rocm_available",
+        "is_schedulefree_available",
         "is_xpu_available",
     ],
 )
