@@ -24,14 +24,24 @@ SAMPLES = 22
 
 
 def _run(
-    out: Path, *args: str, processes: int = 1, env: dict | None = None, script: Path = SCRIPT
+    out: Path,
+    *args: str,
+    processes: int = 1,
+    env: dict | None = None,
+    script: Path = SCRIPT,
+    launcher: list[str] | None = None,
 ) -> None:
-    launcher = [sys.executable]
-    if processes > 1:
-        # --standalone lets the agent bind a free port itself: a port picked here could be
-        # taken by a parallel test before the agent binds it.
-        launcher += ["-m", "torch.distributed.run", "--standalone"]
-        launcher += ["--nproc-per-node", str(processes)]
+    """``script OUT ARGS`` on ``processes`` processes under torchrun, or under ``launcher`` (a
+    command that takes ``--num-processes``: accel-run)."""
+    if launcher is not None:
+        launcher = [*launcher, "--num-processes", str(processes)]
+    else:
+        launcher = [sys.executable]
+        if processes > 1:
+            # --standalone lets the agent bind a free port itself: a port picked here could be
+            # taken by a parallel test before the agent binds it.
+            launcher += ["-m", "torch.distributed.run", "--standalone"]
+            launcher += ["--nproc-per-node", str(processes)]
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_"))}
     variables.update(OMP_NUM_THREADS="1", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", **(env or {}))
     result = subprocess.run(
