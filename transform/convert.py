@@ -24,6 +24,7 @@ from accelify.transform.depth import deep_enough
 from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
+from accelify.transform.lines import start_lines
 from accelify.transform.neighbours import fetching_imports
 from accelify.transform.patterns import (
     OPTIMIZERS,
@@ -216,11 +217,10 @@ def _whole_file_refusals(module: cst.Module, d: Dedistributed, plan: Plan) -> tu
     refused = [n for n in plan.notes if n.manual and n.refusal is not None]
     if not refused:
         return ()
-    wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    lines = start_lines(module)
     starts: dict[int, cst.CSTNode] = {}
-    for node, where in wrapper.resolve(cst.metadata.PositionProvider).items():
-        if isinstance(node, cst.SimpleStatementLine | cst.BaseCompoundStatement):
-            starts.setdefault(where.start.line, node)
+    for node in nodes(module, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        starts.setdefault(lines[id(node)], node)  # source order: the outermost comes first
     return tuple(
         replace(n, line=(line := d.original_line(n.line)), node=starts.get(line)) for n in refused
     )
