@@ -681,11 +681,9 @@ def _step_state(plugin: config.GradientAccumulationPlugin | None, steps: int) ->
         raise ValueError(
             "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both"
         )
-    return StepState(
-        num_steps=config.accumulation_steps(plugin.num_steps or 1),
-        sync_with_dataloader=plugin.sync_with_dataloader,
-        sync_each_batch=plugin.sync_each_batch,
-    )
+    shared = StepState().follow(plugin)
+    shared.num_steps = config.accumulation_steps(shared.num_steps)
+    return shared
 
 
 def _has_state(obj: Any) -> bool:

@@ -184,6 +184,13 @@ class StepState:
     def in_dataloader(self) -> bool:
         return bool(self.active_loaders)
 
+    def follow(self, plugin: Any) -> StepState:
+        """Take an accumulation plugin's settings (HF's ``GradientAccumulationPlugin`` fields)."""
+        self.num_steps = plugin.num_steps or 1
+        self.sync_with_dataloader = plugin.sync_with_dataloader
+        self.sync_each_batch = plugin.sync_each_batch
+        return self
+
 
 class GradientState:
     """HF's ``GradientState()``: the step state of the newest ``Accelerator`` of this process
@@ -197,10 +204,7 @@ class GradientState:
         if shared is None:
             shared = _newest_steps["steps"] = StepState()
         if gradient_accumulation_plugin is not None:
-            plugin = gradient_accumulation_plugin
-            shared.num_steps = plugin.num_steps or 1
-            shared.sync_with_dataloader = plugin.sync_with_dataloader
-            shared.sync_each_batch = plugin.sync_each_batch
+            shared.follow(gradient_accumulation_plugin)
         return shared
 
     @staticmethod
