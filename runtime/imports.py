@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from unittest import mock
 
 import torch
 
@@ -16,15 +17,8 @@ def _installed(module: str) -> bool:
 def is_cuda_available() -> bool:
     """Whether CUDA can be used, asked through NVML as HF does, so that asking does not create a
     CUDA context (a process that forks workers afterwards would break)."""
-    before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    try:
+    with mock.patch.dict(os.environ, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
         return torch.cuda.is_available()
-    finally:
-        if before is None:
-            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
-        else:
-            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
 
 
 def is_mps_available() -> bool:
