@@ -30,6 +30,7 @@ from accelify.transform.lines import LineMap
 from accelify.transform.notebook import NotebookResult, convert_notebook
 from accelify.transform.plan import MixedPrecision, Note, Options, Target
 from accelify.transform.progress import progress
+from accelify.transform.project import Converted, convert_program, programs
 from accelify.transform.sources import (
     STDIN,
     Skipped,
@@ -190,8 +191,12 @@ def _command(  # typer passes every parameter by name
     # Each file is read where it is converted, so a run holds one file's text at a time, not
     # every file's (1,000 files: 28 MB more). Only a worker process cannot read standard input.
     items = [_load(path, stdin_filename) if path == STDIN else path for path in names]
+    together = _together(names, options)
     convert_one = partial(_read_and_convert, options=options, launcher=notebook_launcher)
-    converted = term.parallel_map(convert_one, items, jobs)
+    alone = term.parallel_map(
+        convert_one, [i for n, i in zip(names, items, strict=True) if n not in together], jobs
+    )
+    converted = (together[n] if n in together else next(alone) for n in names)
     # A progress line is for people, and not over a diff that another console writes to stdout.
     shown = not quiet and mode in ("check", "inplace") and output_format == "text"
     with progress(converted, len(names), report.err, show=shown, doing="Converting") as each:
@@ -212,6 +217,16 @@ def _command(  # typer passes every parameter by name
             report.done(item.path, outcome, written, skipped=skipped)
     report.summary(total=len(names))
     return report.exit_code()
+
+
+def _together(names: Sequence[str | SourceError], options: Options) -> dict[str, Converted]:
+    """The files of programs split over several files, converted together (see project.py)."""
+    files = [n for n in names if isinstance(n, str) and n != STDIN and n.endswith(".py")]
+    together: dict[str, Converted] = {}
+    for program in programs(files) if len(files) > 1 else ():
+        for path, converted in convert_program(program, options).items():
+            together.setdefault(path, converted)  # a file of two programs: both leave it
+    return together
 
 
 def run(argv: Sequence[str]) -> int:

@@ -344,8 +344,9 @@ def _explain_hidden_step(plan: Plan) -> None:
                 call,
                 f"left unchanged: training runs inside {func}(...), which this file does not "
                 f"show, on the {', '.join(handed)} built here; accel-convert converts a setup "
-                "where one file shows both its objects and its training step: convert the two "
-                "files by hand",
+                "where one file shows both its objects and its training step: give it this "
+                "file with the one that trains (both paths, or their folder) to convert them "
+                "together",
                 TRAINING_ELSEWHERE,
             )
             return

@@ -48,6 +48,10 @@ class Options:
     target: Target = "accelify"
     mixed_precision: MixedPrecision | None = None
     gradient_accumulation_steps: int | None = None
+    # Project mode: the top-level functions and classes that another file of the program
+    # defines (see project.py). They cannot read this file's globals, so they are handed the
+    # accelerator even when it is created at module level.
+    elsewhere: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, order=True)
@@ -164,7 +168,7 @@ class Plan:
             return self._unreachable(node, optional, "runs before the accelerator exists")
         if setup.on_self and scope.cls is setup.scope.cls:
             return cst.parse_expression(setup.accelerator)
-        if scope is setup.scope or setup.scope.is_module:
+        if scope is setup.scope or (setup.scope.is_module and not self._elsewhere(scope)):
             return cst.Name(ACCELERATOR)
         if scope.cls is not None:
             return self._through_instance(node, scope, optional, borrow)
@@ -175,6 +179,13 @@ class Plan:
         if borrow and ACCELERATOR not in scope.params:
             self.borrowers.add(scope)
         return cst.Name(ACCELERATOR)
+
+    def _elsewhere(self, scope: Scope) -> bool:
+        """Whether ``scope`` is code of another file of the program (``Options.elsewhere``)."""
+        while scope.parent is not None and not scope.parent.is_module:
+            scope = scope.parent
+        name = scope.cls.name.value if scope.cls is not None else scope.name
+        return name in self.options.elsewhere
 
     def _through_instance(
         self, node: cst.CSTNode, scope: Scope, optional: bool, borrow: bool

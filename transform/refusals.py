@@ -91,8 +91,10 @@ TRAINING_ELSEWHERE = Refusal(
     "of another package's trainer): the step to convert is not in this file.",
     "from engine import train_one_epoch\n\n"
     "optimizer = SGD(model.parameters(), lr=0.1)\ntrain_one_epoch(model, optimizer, loader)",
-    "Convert the file that holds the training step, or bring the step into this file; nothing "
-    "here is wrong on its own.",
+    "Give accel-convert this file with the module that trains (both paths, or their folder): "
+    "a script that imports its training step from a module beside it is converted together "
+    "with it (see ACR108 for when that is refused). Otherwise convert the file that holds the "
+    "step, or bring the step into this file; nothing here is wrong on its own.",
 )
 NO_TRAINING = Refusal(
     "ACR107",
@@ -104,6 +106,21 @@ NO_TRAINING = Refusal(
     "loss = model(x).sum()\nloss.backward()\nsaliency = x.grad.abs()",
     "Nothing to convert when the script does not train. When it does, make its training step "
     "visible (an optimizer built over the model's parameters, stepped after the backward).",
+)
+PROGRAM_SPLIT = Refusal(
+    "ACR108",
+    "program-split",
+    "the files of one program cannot be converted together",
+    "Given a folder or several files, a script that imports its training step from a module "
+    "beside it (`from engine import train_one_epoch`) is converted together with that module. "
+    "That is refused when the module trains for two scripts or imports training from a third "
+    "file, when it is imported under another name, or when the conversion would leave a file "
+    "reading a name it does not define (an `accelerator` only the script holds): one file "
+    "converted without the other would train half-converted.",
+    "# main.py and finetune.py both train with engine.py\n"
+    "from engine import train_one_epoch\n\ntrain_one_epoch(model, criterion, loader, optimizer)",
+    "Give the module's training function an `accelerator` parameter and convert each script "
+    "by hand, or keep one script per training module and convert the folder again.",
 )
 CLOSURE = Refusal(
     "ACR201",
@@ -375,6 +392,7 @@ REFUSALS: tuple[Refusal, ...] = (
     NOTEBOOK_SPLIT,
     TRAINING_ELSEWHERE,
     NO_TRAINING,
+    PROGRAM_SPLIT,
     CLOSURE,
     BUILT_IN_LOOP,
     SECOND_SETUP,

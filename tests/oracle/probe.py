@@ -131,6 +131,7 @@ def run(script: str, argv: list[str], out_dir: str) -> int:
     recorder.install()
     _record_launched_workers(recorder, out_dir)
     sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as ``python script`` does
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
