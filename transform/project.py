@@ -68,6 +68,10 @@ def programs(paths: Iterable[str]) -> list[Program]:
     for script, modules in imports.items():
         for module in modules:
             users.setdefault(module, []).append(script)
+    joined = {id(statement) for found in joins.values() for statement, _m in found}
+    for path, tree in trees.items():
+        for module in _other_imports(path, tree, training, joined):
+            users.setdefault(module, []).append(path)
     return [
         Program(
             given[script],
@@ -105,6 +109,30 @@ def _joined_imports(
                 yield statement, target
 
 
+def _other_imports(
+    path: str, tree: ast.Module, training: set[str], joined: set[int]
+) -> Iterable[str]:
+    """The training files ``path`` imports in a way that is not joined (``import engine``,
+    ``from pkg import engine``, an import inside a function): a call there would miss the
+    accelerator the conversion hands the module's functions."""
+    folder = Path(path).parent
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            candidates = [folder.joinpath(*alias.name.split(".")) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and id(node) not in joined:
+            if node.level - 2 >= len(folder.parents):
+                continue
+            base = folder.parents[node.level - 2] if node.level > 1 else folder
+            package = base.joinpath(*node.module.split(".")) if node.module else base
+            candidates = [package, *(package / alias.name for alias in node.names)]
+        else:
+            continue
+        for candidate in candidates:
+            key = _key(str(candidate.with_suffix(".py")))
+            if key in training and key != _key(path):
+                yield key
+
+
 def _conflict(
     script: str,
     modules: Sequence[str],
@@ -113,8 +141,8 @@ def _conflict(
 ) -> str | None:
     for module in modules:
         if len(users[module]) > 1:
-            others = " and ".join(sorted(Path(s).name for s in users[module]))
-            return f"{Path(module).name} trains for {others}: its edits would serve one of them"
+            others = " and ".join(sorted({Path(s).name for s in users[module]}))
+            return f"{Path(module).name} is imported by {others}: its edits would serve one"
         if module in imports:
             return f"{Path(module).name} imports training code from another file in turn"
     if script in users:
@@ -186,6 +214,7 @@ def _convert_program(
     try:
         codes = _split(result.code, joined, sources)
         _check_names(codes, sources)
+        _check_tails(joined, codes, sources)
     except _NotJoined as why:
         return _all_unchanged(sources, program, str(why))
     return {
@@ -378,6 +407,30 @@ def _check_names(codes: dict[str, str], sources: Mapping[str, Source]) -> None:
         if missing:
             names = ", ".join(sorted(missing))
             raise _NotJoined(f"{Path(path).name} would read {names}, which it does not define")
+
+
+def _check_tails(joined: _Joined, codes: Mapping[str, str], sources: Mapping[str, Source]) -> None:
+    """A module's ``__main__`` block is not converted: it may not call what the conversion
+    changed (a function that now takes the accelerator)."""
+    for piece in joined.pieces:
+        if not piece.tail:
+            continue
+        before, after = (_definitions(t) for t in (sources[piece.path].text, codes[piece.path]))
+        changed = {name for name, text in before.items() if after.get(name) != text}
+        called = {n.id for n in ast.walk(python_ast(piece.tail)) if isinstance(n, ast.Name)}
+        if changed & called:
+            names = ", ".join(sorted(changed & called))
+            name = Path(piece.path).name
+            raise _NotJoined(f"{name}'s __main__ block calls {names}, which the conversion changes")
+
+
+def _definitions(code: str) -> dict[str, str | None]:
+    """Each top-level function and class of ``code``, with its source."""
+    return {
+        node.name: ast.get_source_segment(code, node)
+        for node in python_ast(code).body
+        if isinstance(node, _DEFINITIONS)
+    }
 
 
 def _new_imports(code: str, original: str) -> dict[str, str]:

@@ -56,8 +56,10 @@ def test_the_modules_of_a_program_are_found_beside_the_script(tmp_path: Path) ->
     (tmp_path / "pkg").mkdir()
     _write(tmp_path / "pkg" / "steps.py", "def step(loss):\n    loss.backward()\n")
     _write(tmp_path / "helpers.py", "def build():\n    return 1\n")  # trains nothing
-    _write(tmp_path / "main.py", "import os\nfrom helpers import build\nfrom pkg.steps import step\n")
-    found = programs(_files(tmp_path) + [str(tmp_path / "pkg" / "steps.py")])
+    _write(
+        tmp_path / "main.py", "import os\nfrom helpers import build\nfrom pkg.steps import step\n"
+    )
+    found = programs([*_files(tmp_path), str(tmp_path / "pkg" / "steps.py")])
     assert found == [
         Program(str(tmp_path / "main.py"), (str(tmp_path / "pkg" / "steps.py"),), line=3)
     ]
@@ -151,6 +153,57 @@ def test_a_module_that_would_read_the_scripts_accelerator_is_refused(tmp_path: P
     (program,) = programs(_files(tmp_path))
     for _path, (_source, result) in convert_program(program, Options()).items():
         assert not result.changed
+
+
+_SCRIPT = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from engine import train
+
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=2)
+train(model, optimizer, loader)
+"""
+_ENGINE = """
+def train(model, optimizer, loader):
+    for x, y in loader:
+        optimizer.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        optimizer.step()
+"""
+
+
+def test_the_plain_pair_converts(tmp_path: Path) -> None:
+    """The baseline of the two refusals below: the same files, nothing else, convert."""
+    _write(tmp_path / "engine.py", _ENGINE)
+    _write(tmp_path / "main.py", _SCRIPT)
+    (program,) = programs(_files(tmp_path))
+    assert all(r.changed for _s, r in convert_program(program, Options()).values())
+
+
+def test_a_main_block_calling_a_changed_function_keeps_the_program_unchanged(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path / "engine.py", _ENGINE + "\nif __name__ == '__main__':\n    train(*build())\n")
+    _write(tmp_path / "main.py", _SCRIPT)
+    (program,) = programs(_files(tmp_path))
+    results = convert_program(program, Options())
+    assert not any(r.changed for _s, r in results.values())
+    message = results[str(tmp_path / "main.py")][1].notes[0].message
+    assert "engine.py's __main__ block calls train, which the conversion changes" in message
+
+
+@pytest.mark.parametrize("other", ["import engine\n", "def f():\n    from engine import train\n"])
+def test_a_module_another_file_imports_keeps_the_program_unchanged(
+    tmp_path: Path, other: str
+) -> None:
+    _write(tmp_path / "engine.py", _ENGINE)
+    _write(tmp_path / "main.py", _SCRIPT)
+    _write(tmp_path / "other.py", other)
+    (program,) = programs(_files(tmp_path))
+    assert program.conflict is not None and "main.py and other.py" in program.conflict
+    assert not any(r.changed for _s, r in convert_program(program, Options()).values())
 
 
 def _write(path: Path, text: str) -> None:

@@ -22,9 +22,7 @@ TRAIN_SIZE = 64  # every fixture trains on 64 samples and evaluates on another s
 CONVERTED = [
     case
     for case in sorted((ROOT / "fixtures" / "project").iterdir())
-    if any(
-        (case / "out" / p.name).read_text() != p.read_text() for p in (case / "in").glob("*.py")
-    )
+    if any((case / "out" / p.name).read_text() != p.read_text() for p in (case / "in").glob("*.py"))
 ]
 
 
