@@ -25,7 +25,7 @@ from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
-from accelify.transform.neighbours import fetching_imports
+from accelify.transform.neighbours import distributing_functions, fetching_imports
 from accelify.transform.patterns import (
     OPTIMIZERS,
     PREFIX,
@@ -36,6 +36,7 @@ from accelify.transform.patterns import (
 )
 from accelify.transform.plan import Note, Options, Plan, Step, run_step
 from accelify.transform.refusals import (
+    DDP_LAUNCH,
     DDP_RANK,
     NO_TRAINING,
     OBJECTS_NOT_FOLLOWED,
@@ -130,6 +131,26 @@ def _refuse_training_elsewhere(plan: Plan) -> None:
                 f"{setup.scope.name}(), where the objects accel-convert would prepare are built: "
                 "a step outside their setup would stay unconverted; convert by hand",
             )
+
+
+def _refuse_distribution_elsewhere(plan: Plan, path: str) -> None:
+    """A call of the script's own helper that starts the process group (research code's
+    ``utils.init_distributed_mode(args)``) sets up distribution in a file this conversion does
+    not change: prepare() on top of it would run two set-ups, and the switches it sets
+    (``args.distributed``) would keep choosing the hand-written path."""
+    if plan.setup is None:
+        return
+    a = plan.analysis
+    called = {q: call for call, _scope in a.calls if (q := a.names.qualify(call.func))}
+    for qualified in sorted(distributing_functions(path, called)):
+        module = qualified.lstrip(".").rpartition(".")[0]
+        raise Refused(
+            called[qualified],
+            DDP_LAUNCH,
+            f"{a.module.code_for_node(called[qualified].func)}() starts the process group in "
+            f"{module.replace('.', '/')}.py, which accel-convert does not rewrite: drop the "
+            "call and the switches it sets, then convert again; or convert by hand",
+        )
 
 
 def convert(source: str, options: Options | None = None, path: str = "<string>") -> Result:
@@ -268,6 +289,7 @@ def plan_conversion(
         plan.fetching_imports = fetching_imports(path, analysis.names.imports)
     try:
         _refuse_training_elsewhere(plan)
+        _refuse_distribution_elsewhere(plan, path)
         last = STEPS.index(write_accelerator)
         for step in (*STEPS[:last], *extra, *STEPS[last:]):
             run_step(step, plan, plan.notes)

@@ -1,16 +1,18 @@
-"""Which functions the script imports from its own modules download something.
+"""Which functions the script calls from its own modules download something, or start the
+process group.
 
 ``from data import get_training_set`` in ``train.py``, with ``data.py`` beside it, may fetch a
-dataset that every process would then download into the same folder at once. Only the file
-beside the script is read (with :mod:`ast`, nothing is run): its top-level functions that call a
-fetch (``urlopen``, ``urlretrieve``, ``extractall``, ``download=True``, ...) directly or through
-another function of that file.
+dataset that every process would then download into the same folder at once; research code's
+``utils.init_distributed_mode(args)`` (``import util.misc as utils``) calls
+``dist.init_process_group`` in ``util/misc.py``. Only the files beside the script are read (with
+:mod:`ast`, nothing is run): their top-level functions that make such a call directly or
+through another function of the same file.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from accelify.transform.sources import SourceError, python_ast, read
@@ -18,27 +20,42 @@ from accelify.transform.sources import SourceError, python_ast, read
 FETCHES = frozenset(
     {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
 )
+PROCESS_GROUP = frozenset({"init_process_group"})
 
 
 def fetching_imports(path: str, imports: Mapping[str, str]) -> frozenset[str]:
     """The qualified names (``data.get_training_set``) among ``imports`` whose function, in a
     module next to ``path``, downloads or extracts files."""
+    return neighbour_functions(path, imports.values(), _fetches)
+
+
+def distributing_functions(path: str, qualified: Iterable[str]) -> frozenset[str]:
+    """The qualified names (``util.misc.init_distributed_mode``) among ``qualified`` whose
+    function, in a module next to ``path``, starts the process group."""
+    return neighbour_functions(path, qualified, lambda call: _callee(call) in PROCESS_GROUP)
+
+
+def neighbour_functions(
+    path: str, qualified: Iterable[str], does: Callable[[ast.Call], bool]
+) -> frozenset[str]:
+    """The names among ``qualified`` (``module.function``, relative ones with their dots) whose
+    function, in a module beside ``path``, makes a call ``does`` picks, itself or through
+    another function of its file."""
     script = Path(path)
     if not script.is_file():
         return frozenset()
+    names = set(qualified)
     by_module: dict[str, set[str]] = {}
-    for qualified in imports.values():
-        module, _, function = qualified.lstrip(".").rpartition(".")
+    for name in names:
+        module, _, function = name.lstrip(".").rpartition(".")
         if module:
             by_module.setdefault(module, set()).add(function)
     found = set()
     for module, functions in by_module.items():
         tree = _parse(_module_file(script.parent, module))
-        if tree is None:
-            continue
-        fetching = _fetching_functions(tree)
-        found.update(f"{module}.{f}" for f in functions & fetching)
-    return frozenset(q for q in imports.values() if q.lstrip(".") in found)
+        if tree is not None:
+            found.update(f"{module}.{f}" for f in functions & _functions_that(tree, does))
+    return frozenset(name for name in names if name.lstrip(".") in found)
 
 
 def _module_file(folder: Path, module: str) -> Path:
@@ -56,23 +73,23 @@ def _parse(file: Path) -> ast.Module | None:
         return None  # a module we cannot read tells us nothing
 
 
-def _fetching_functions(tree: ast.Module) -> set[str]:
+def _functions_that(tree: ast.Module, does: Callable[[ast.Call], bool]) -> set[str]:
     functions = {
         node.name: node
         for node in tree.body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     calls = {name: list(_calls(node)) for name, node in functions.items()}
-    fetching = {name for name, found in calls.items() if any(_fetches(c) for c in found)}
-    while True:  # a function calling one that fetches fetches too
+    doing = {name for name, found in calls.items() if any(does(c) for c in found)}
+    while True:  # a function calling one that does it does it too
         more = {
             name
             for name, found in calls.items()
-            if name not in fetching and any(_callee(c) in fetching for c in found)
+            if name not in doing and any(_callee(c) in doing for c in found)
         }
         if not more:
-            return fetching
-        fetching |= more
+            return doing
+        doing |= more
 
 
 def _calls(node: ast.AST) -> Iterable[ast.Call]:

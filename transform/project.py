@@ -210,6 +210,12 @@ def _convert_program(
         return {**_unchanged(sources, {}), path: SourceError(path, line, err.message)}
     notes = _notes_by_file(result.notes, joined)
     if not result.changed:
+        if result.reasons:  # a module trains for the script: its reason is the script's
+            script = Path(program.script).name
+            why = f"left unchanged with {script}, which it trains for (see {script}'s report)"
+            for module in program.modules:
+                if not any(n.manual or n.info for n in notes.get(module, ())):
+                    notes.setdefault(module, []).append(Note(1, why, info=True))
         return _unchanged(sources, notes)
     try:
         codes = _split(result.code, joined, sources)
@@ -338,8 +344,8 @@ def _piece(module: Source, index: int, statement: str) -> tuple[_Piece, list[str
         statement=statement,
         head="".join(lines[: code_start - 1]),
         tail="".join(lines[code_stop:]),
-        begin=f"__accelify_begin_{index}__ = {name!r}\n",
-        end=f"__accelify_end_{index}__ = {name!r}\n",
+        begin=f"_joined_file_{index}_begins = {name!r}\n",
+        end=f"_joined_file_{index}_ends = {name!r}\n",
     )
     return piece, lines[code_start - 1 : code_stop], code_start
 

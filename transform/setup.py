@@ -23,6 +23,7 @@ from accelify.transform.analysis import (
     attribute_links,
     call_links,
     key_of,
+    names_in,
     optimized_models,
     returned_values,
     returns,
@@ -210,6 +211,7 @@ def _plan(a: Analysis, scope: Scope) -> Setup:
     )
     _refuse_training_forms(a, setup)
     keys = _models_and_optimizers(a, setup)
+    _refuse_trained_under_another_name(a, setup, keys)
     keys += _loaders(a, setup, keys)
     keys += [
         b.key
@@ -461,6 +463,26 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 "needs both in one place",
             )
     return [*models, *(b.key for b in optimizers)]
+
+
+def _refuse_trained_under_another_name(a: Analysis, setup: Setup, prepared: list[str]) -> None:
+    """The training calls ``model`` while the optimizer holds ``model_without_ddp``'s parameters,
+    one bound from the other (research code's ``model_without_ddp = model``, reassigned in a
+    branch): prepare() would wrap the name it prepares and the step would still run the bare
+    model, whose gradients no process shares."""
+    unprepared = _trained_models(a, setup) - set(prepared)
+    for b in a.bindings:
+        if b.scope is not setup.scope or b.key not in prepared or b.value is None:
+            continue
+        found = sorted({n.value for n in names_in(b.value)} & unprepared)
+        if found:
+            raise Refused(
+                b.node,
+                OBJECTS_NOT_FOLLOWED,
+                f"{b.key} is bound from {found[0]}, which the training calls: prepare() would "
+                f"wrap {b.key} and the step would still run the unwrapped {found[0]}; train and "
+                "optimize one name, or convert by hand",
+            )
 
 
 def _trains_itself(a: Analysis, setup: Setup, optimizer: Binding) -> str:
