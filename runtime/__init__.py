@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         pad_across_processes,
         reduce,
     )
+    from .parallelism import ParallelismConfig
     from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
     from .properties import FP8BackendType
     from .rng import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
@@ -87,6 +88,7 @@ _HOMES = {
     "InitProcessGroupKwargs": "handlers",
     "LocalSGD": "local_sgd",
     "LoggerType": "tracking",
+    "ParallelismConfig": "parallelism",
     "PartialState": "state",
     "ProfileKwargs": "handlers",
     "ProjectConfiguration": "config",
@@ -146,6 +148,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "LocalSGD",
     "LoggerType",
+    "ParallelismConfig",
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",

@@ -30,6 +30,7 @@ from . import (
     handlers,
     hooks,
     ops,
+    parallelism,
     plugins,
     precision,
     profiling,
@@ -75,7 +76,7 @@ class Accelerator(properties.SettingsFacts):
         dynamo_backend: Any = None,
         dynamo_plugin: Any = None,
         deepspeed_plugins: Any = None,
-        parallelism_config: Any = None,
+        parallelism_config: parallelism.ParallelismConfig | None = None,
         sync_check: str | None = None,
     ) -> None:
         """HF Accelerate's arguments, plus ``sync_check`` (``off``, ``first`` or ``every:N``;
@@ -85,9 +86,9 @@ class Accelerator(properties.SettingsFacts):
             deepspeed_plugins=deepspeed_plugins,
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
-            parallelism_config=parallelism_config,
         )
         backend = plugins.requested(deepspeed_plugin, fsdp_plugin)  # before the state resolves
+        self._parallelism = parallelism.requested(parallelism_config)
         options = handlers.collect(kwargs_handlers)
         for kind, handler in handlers.given(kwargs_handlers).items():
             setattr(self, f"{kind}_handler", handler)  # HF's ddp_handler, profile_handler, ...
@@ -95,6 +96,8 @@ class Accelerator(properties.SettingsFacts):
         self._compile = compiling.options(dynamo_backend, dynamo_plugin)
         self._sync_check = replicas.schedule(sync_check)
         self.state: ProcessState = state.process_state(config.use_cpu(cpu), options["init"])
+        if self._parallelism is not None:
+            parallelism.configure(self._parallelism, self.state)
         self.mixed_precision = config.mixed_precision(mixed_precision)
         self.dataloader_config = _loader_config(dataloader_config, split_batches, even_batches)
         if backend and gradient_accumulation_plugin is None and gradient_accumulation_steps == 1:
@@ -111,6 +114,7 @@ class Accelerator(properties.SettingsFacts):
         self.trackers: list[tracking.GeneralTracker] = []
         hook = handlers.comm_hook(self.ddp_handler)
         chosen = backend.strategy_kwargs(self.state) if backend else {}
+        chosen |= parallelism.strategy_kwargs(self._parallelism, self.distributed_type)
         self.strategy = strategies.select(self.state, comm_hook=hook, **options["ddp"], **chosen)
         if self._compile and self.distributed_type == DistributedType.DEEPSPEED:
             raise ValueError("dynamo_backend under DeepSpeed is not supported by accelify")
@@ -240,6 +244,9 @@ class Accelerator(properties.SettingsFacts):
             loader,
             self.state,
             self._shared,
+            shards=parallelism.data_parallel_share(
+                self.torch_device_mesh, self.num_processes, self.process_index
+            ),
             split_batches=self.split_batches,
             even_batches=self.even_batches,
             device_placement=_default(device_placement, self.device_placement),
@@ -311,7 +318,8 @@ class Accelerator(properties.SettingsFacts):
 
     def _check_replicas(self, when: str) -> None:
         """Raise when the data-parallel processes hold different weights (see replicas.py)."""
-        replicated = self.num_processes > 1 and self.distributed_type in _DDP_KINDS
+        split = self._parallelism is not None and self._parallelism.tp_enabled  # not replicas
+        replicated = self.num_processes > 1 and self.distributed_type in _DDP_KINDS and not split
         if self._sync_check.off or not replicated:
             return
         found = replicas.groups(self._models, self._optimizers)

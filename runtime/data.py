@@ -26,6 +26,7 @@ from torch.utils.data import (
 )
 
 from . import config, ops, rng
+from .parallelism import data_parallel_share
 from .sharding import (
     IterableDatasetShard,
     SeedableRandomSampler,
@@ -314,6 +315,7 @@ def prepare_loader(
     data_seed: int | None = None,
     rng_types: Sequence[str] = (),
     dispatch_batches: bool = False,
+    shards: tuple[int, int] | None = None,
 ) -> PreparedDataLoader:
     """Rebuild ``loader`` over this process's share of the batches.
 
@@ -324,10 +326,12 @@ def prepare_loader(
     are synchronised at the start of each epoch; ``"generator"``, the sampler's (or iterable
     dataset's) generator, only where processes share one, as in HF. With ``dispatch_batches``
     only process 0 reads the data, whole, and sends each process its share of every round.
+    ``shards`` is (processes, index) of this process's data-parallel group when the other
+    processes of its tensor-parallel group read the same batches (``parallelism.py``).
     """
     args = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     generator = None
-    n, rank = state.num_processes, state.process_index
+    n, rank = shards or (state.num_processes, state.process_index)
     dataset, batch_sampler = loader.dataset, loader.batch_sampler
     fetch_whole = batch_sampler is None and isinstance(loader.sampler, BatchSampler)
     if fetch_whole:
@@ -364,7 +368,7 @@ def prepare_loader(
         if n > 1:
             raise ValueError("cannot shard a DataLoader with batch_size=None across processes")
         args.update(sampler=loader.sampler, batch_size=None)
-    elif n > 1:
+    elif state.num_processes > 1:  # every process shuffles alike, sharded or not
         if isinstance(getattr(batch_sampler, "sampler", None), DistributedSampler):
             raise ValueError(
                 "this DataLoader already uses a DistributedSampler; give prepare() a plain "
@@ -372,7 +376,8 @@ def prepare_loader(
             )
         _share_sampler_generator(batch_sampler, state.device)
         generator = getattr(getattr(batch_sampler, "sampler", None), "generator", None)
-        batch_sampler = ShardedBatchSampler(batch_sampler, n, rank, split_batches, even_batches)
+        if n > 1:
+            batch_sampler = ShardedBatchSampler(batch_sampler, n, rank, split_batches, even_batches)
     total = None if batch_size is None else batch_size * (1 if split_batches else n)
     return PreparedDataLoader(
         dataset,
@@ -411,11 +416,12 @@ def prepare_data_loader(  # noqa: PLR0917 (HF Accelerate's signature, positional
     """HF Accelerate's ``prepare_data_loader``: what ``prepare()`` does to a loader, without an
     ``Accelerator``. The process count, index and device default to this process's; the loader
     reports to ``GradientState()``, the newest ``Accelerator``'s step state. Batches stay where
-    the dataset puts them unless ``put_on_device``, HF's default."""
-    if slice_fn_for_dispatch is not None or torch_device_mesh is not None:
+    the dataset puts them unless ``put_on_device``, HF's default. With ``torch_device_mesh`` the
+    processes of a tensor-parallel group read the same batches, as in HF."""
+    if slice_fn_for_dispatch is not None:
         raise ValueError(
-            "prepare_data_loader: slice_fn_for_dispatch and torch_device_mesh are not supported "
-            "by accelify (batches are sliced along their first dimension; no tensor parallelism)"
+            "prepare_data_loader: slice_fn_for_dispatch is not supported by accelify (batches are "
+            "sliced along their first dimension)"
         )
     config.check_loader_config(
         config.DataLoaderConfiguration(use_stateful_dataloader=use_stateful_dataloader)
@@ -431,6 +437,7 @@ def prepare_data_loader(  # noqa: PLR0917 (HF Accelerate's signature, positional
         dataloader,
         state,
         GradientState(),
+        shards=data_parallel_share(torch_device_mesh, state.num_processes, state.process_index),
         split_batches=split_batches,
         even_batches=even_batches,
         device_placement=put_on_device,

@@ -1,9 +1,9 @@
-"""HF Accelerate's read-only ``Accelerator`` properties about settings accelify has no knob for.
+"""HF Accelerate's read-only ``Accelerator`` properties about its settings and its process layout.
 
-They answer with HF's values for the setups accelify runs (no ``parallelism_config``, no FP8,
-DDP/FSDP2/DeepSpeed), so scripts that read them run unchanged; asking for something only those
-missing setups have (a tensor-parallel rank, the DeepSpeed plugin object) raises as HF does or
-says what accelify offers instead.
+They answer with HF's values for the setups accelify runs (DDP/FSDP2/DeepSpeed, a
+``ParallelismConfig`` of data, sharded and tensor parallelism, no FP8), so scripts that read them
+run unchanged; asking for something only the missing setups have (a context-parallel rank, the
+DeepSpeed plugin object) raises as HF does or says what accelify offers instead.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import config
 from .state import DistributedType, ProcessState
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from .parallelism import ParallelismConfig
 
 
 class FP8BackendType(str, Enum):
@@ -37,6 +42,7 @@ class SettingsFacts:
     dataloader_config: config.DataLoaderConfiguration
     project_configuration: config.ProjectConfiguration
     mixed_precision: str
+    _parallelism: ParallelismConfig | None
 
     # -- process facts ---------------------------------------------------------------------------
 
@@ -147,34 +153,42 @@ class SettingsFacts:
     def use_stateful_dataloader(self) -> bool:
         return getattr(self.dataloader_config, "use_stateful_dataloader", False)
 
-    # -- composable parallelism (HF's ParallelismConfig): never configured here ----------------
+    # -- composable parallelism (HF's ParallelismConfig, parallelism.py) -----------------------
 
     @property
-    def parallelism_config(self) -> None:
-        return None
+    def parallelism_config(self) -> ParallelismConfig | None:
+        return self._parallelism
 
     @property
-    def torch_device_mesh(self) -> None:
-        return None
+    def torch_device_mesh(self) -> DeviceMesh | None:
+        """The mesh with HF's dimension names (``None`` without a config, or all sizes 1)."""
+        return None if self._parallelism is None else self._parallelism.device_mesh
 
     @property
     def should_save_model(self) -> bool:
-        """HF's answer without a ``parallelism_config``."""
-        return self.state.is_local_main_process
+        """HF's answer: every process takes part in saving under a ``parallelism_config``."""
+        return self._parallelism is not None or self.state.is_local_main_process
 
     @property
     def tensor_parallel_rank(self) -> int:
-        raise RuntimeError("Tensor parallelism is not configured. Set `parallelism_config` first.")
+        return self._mesh_rank("tp", "Tensor parallelism")
 
     @property
     def data_parallel_rank(self) -> int:
-        raise RuntimeError("Data parallelism is not configured. Set `parallelism_config` first.")
+        """This process's rank in ``dp_replicate`` (0 when that size is 1)."""
+        return self._mesh_rank("dp_replicate", "Data parallelism")
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        raise RuntimeError(
-            "Shard-based data parallelism is not configured. Set `parallelism_config` first."
-        )
+        return self._mesh_rank("dp_shard", "Shard-based data parallelism")
+
+    def _mesh_rank(self, dimension: str, what: str) -> int:
+        chosen = self._parallelism
+        if chosen is None:
+            raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
+        if getattr(chosen, f"{dimension}_size") == 1:
+            return 0
+        return chosen.device_mesh.get_local_rank(dimension)
 
     @property
     def pipeline_parallel_rank(self) -> int:
@@ -209,9 +223,11 @@ def unsupported_plugins(**plugins: Any) -> None:
     """Refuse HF's plugin arguments accelify has no implementation for, naming what to use."""
     instead = {
         "deepspeed_plugins": "one DeepSpeedPlugin as deepspeed_plugin (several are not)",
-        "torch_tp_plugin": "nothing: tensor parallelism is not supported",
+        "torch_tp_plugin": (
+            "parallelism_config=ParallelismConfig(tp_size=N), HF's replacement for it, for "
+            "tensor parallelism"
+        ),
         "megatron_lm_plugin": "nothing: Megatron-LM is not supported",
-        "parallelism_config": "accel-run --use-fsdp for sharding; TP/CP are not supported",
     }
     given = [name for name, value in plugins.items() if value is not None]
     if given:

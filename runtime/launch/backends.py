@@ -195,7 +195,7 @@ class Backend:
         return env
 
 
-def _parse(kind: str, keys: Mapping[str, Key], values: Mapping, flags: bool = False) -> Backend:
+def parse_keys(keys: Mapping[str, Key], values: object, flags: bool = False) -> dict[str, Any]:
     """Validate a section (or the flags for one); errors name the key (or the flag)."""
     if not isinstance(values, Mapping):
         raise ValueError("must be a mapping of key: value")
@@ -210,7 +210,11 @@ def _parse(kind: str, keys: Mapping[str, Key], values: Mapping, flags: bool = Fa
             parsed[key] = keys[key].parse(value)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
-    return Backend(kind, parsed)
+    return parsed
+
+
+def _parse(kind: str, keys: Mapping[str, Key], values: object, flags: bool = False) -> Backend:
+    return Backend(kind, parse_keys(keys, values, flags))
 
 
 SECTION_OF = {"DEEPSPEED": "deepspeed_config", "FSDP": "fsdp_config"}
@@ -253,18 +257,19 @@ def apply(settings: cfg.Settings, args: argparse.Namespace) -> cfg.Settings:
             raise cfg.ConfigError(f"{flag} needs {backend} (or its distributed_type)")
         if given:
             try:
-                flags = dict(_parse(kind, keys, given, flags=True).values)
+                flags = parse_keys(keys, given, flags=True)
             except ValueError as err:
                 raise cfg.ConfigError(str(err)) from None
+    others = {k: v for k, v in settings.sections.items() if k not in SECTION_OF.values()}
     if active is None:
-        return replace(settings, sections={})
+        return replace(settings, sections=others)
     base = settings.sections.get(active) or Backend(kind)
     from_file = tuple(base.values)
     if "mixed_precision" in settings.from_file:
         from_file += ("mixed_precision",)
     merged = Backend(kind, {**base.values, **flags}, settings.use_cpu, from_file)
     backend = _checked(settings, merged)
-    return replace(settings, distributed_type=kind, sections={active: backend})
+    return replace(settings, distributed_type=kind, sections={**others, active: backend})
 
 
 def _checked(settings: cfg.Settings, backend: Backend) -> Backend:

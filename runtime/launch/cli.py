@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from accelify.runtime import NEEDS_TORCH
-from accelify.runtime.launch import backends, foreign_flags
+from accelify.runtime.launch import backends, foreign_flags, parallelism
 from accelify.runtime.launch import config as cfg
 from accelify.runtime.launch.terminal import console
 
@@ -38,15 +38,18 @@ examples:
                                                  machine 1 of 2, 8 processes on each
   accel-run --nproc-per-node 2 --nnodes 1 train.py
                                                  torchrun's spellings work too
+  accel-run --num-processes 4 --use-fsdp --fsdp-version 2 --use-parallelism-config \
+            --parallelism-config-dp-shard-size 2 --parallelism-config-tp-size 2 train.py
+                                                 FSDP2 x tensor parallel (ParallelismConfig)
   accel-run launch train.py                      `accelerate launch`'s shape
   accel-run test --config-file fsdp.yaml         a short training run on that config
   accel-run config --default                     write the default config file
   accel-run env                                  versions, devices and the resolved config
 
 Every option of `accelerate launch` is accepted. Those for TPUs, SageMaker, Megatron-LM, FP8 and
-N-D parallelism (--megatron-lm-*, --fp8-*, --parallelism-config-*, --vm, --aws-*, ...) are not
-listed here: each one given prints why it has no effect, or stops the launch when it would change
-training and accel-run cannot do it (--tpu, --use-megatron-lm, --use-parallelism-config,
+context/sequence parallelism (--megatron-lm-*, --fp8-*, --parallelism-config-cp-comm-strategy,
+--vm, --aws-*, ...) are not listed here: each one given prints why it has no effect, or stops the
+launch when it would change training and accel-run cannot do it (--tpu, --use-megatron-lm,
 --mpirun-hostfile).
 
 Everything after the script (or -m module) is passed to it unchanged. Settings are merged as
@@ -182,6 +185,7 @@ def launch_parser() -> argparse.ArgumentParser:
         help="accepted for accelerate compatibility (several processes imply it)",
     )
     backends.add_flags(parser)
+    parallelism.add_flags(parser)
     foreign_flags.add_flags(parser)
     parser.add_argument(
         "-m", "--module", action="store_true", help="the target is a module name, as in python -m"
@@ -365,6 +369,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     settings = cfg.load_settings(args.config_file, flag_values(args))
     settings = backends.apply(settings, args)
+    settings = parallelism.apply(settings, args)
     for note in notes:
         _warn(f"note: {note}", args.quiet)
     _warn_if_trains_alone(args, settings)

@@ -1,10 +1,11 @@
 """``accelerate launch`` options that accel-run accepts but does not act on, and why.
 
 accel-run takes any ``accelerate launch`` command line. Most options have a setting here (cli.py,
-backends.py); the rest only matter to launch paths accel-run does not have (TPU pods, SageMaker,
-Megatron-LM, FP8, N-D parallelism, mpirun). Those are accepted so the command line parses, and each
-one given gets one line: a note when accelerate itself would ignore it on every path accel-run runs,
-an error (exit 2) when it would change training and accel-run cannot do it.
+backends.py, parallelism.py); the rest only matter to launch paths accel-run does not have (TPU
+pods, SageMaker, Megatron-LM, FP8, context/sequence parallelism, mpirun). Those are accepted so the
+command line parses, and each one given gets one line: a note when accelerate itself would ignore
+it on every path accel-run runs, an error (exit 2) when it would change training and accel-run
+cannot do it.
 """
 
 from __future__ import annotations
@@ -33,12 +34,6 @@ _TPU = "read by accelerate's TPU launchers only, and accel-run does not launch o
 FOREIGN = (
     Foreign(("tpu",), "store_true", f"TPU training (torch_xla): {_NOT_HERE}", refused=True),
     Foreign(("use_megatron_lm",), "store_true", f"Megatron-LM: {_NOT_HERE}", refused=True),
-    Foreign(
-        ("use_parallelism_config",),
-        "store_true",
-        f"N-D parallelism (tensor/context/sequence parallel): {_NOT_HERE}",
-        refused=True,
-    ),
     Foreign(
         ("mpirun_hostfile",),
         "store",
@@ -86,11 +81,11 @@ FOREIGN = (
     Foreign(
         _names(
             "parallelism_config_",
-            "dp_replicate_size dp_shard_size tp_size cp_size cp_backend cp_comm_strategy "
-            "sp_size sp_backend sp_seq_length sp_seq_length_is_variable sp_attn_implementation",
+            "cp_comm_strategy sp_seq_length sp_seq_length_is_variable sp_attn_implementation",
         ),
         "store",
-        "accelerate reads it only with --use-parallelism-config, which accel-run does not support",
+        "accelerate reads it only with --parallelism-config-cp-size or -sp-size above 1 "
+        "(context or sequence parallelism), which accel-run does not support",
     ),
 )
 BY_NAME = {name: foreign for foreign in FOREIGN for name in foreign.names}

@@ -20,13 +20,15 @@ STRATEGIES: dict[DistributedType, tuple[str, str]] = {
     DistributedType.DEEPSPEED: ("deepspeed", "DeepSpeed"),
     DistributedType.FSDP: ("fsdp", "FSDP"),
 }
+# A model tensor-parallelised by the script over every process (a ParallelismConfig's tp_size).
+TENSOR_PARALLEL = ("tensor_parallel", "TensorParallel")
 
 
-def select(state: ProcessState, **kwargs: Any) -> Strategy:
-    """The strategy for this process's distributed type."""
-    module, name = STRATEGIES[state.distributed_type]
+def select(state: ProcessState, tensor_parallel: bool = False, **kwargs: Any) -> Strategy:
+    """The strategy for this process's distributed type, or for tensor parallelism alone."""
+    module, name = TENSOR_PARALLEL if tensor_parallel else STRATEGIES[state.distributed_type]
     strategy = getattr(importlib.import_module(f".{module}", __name__), name)
     return strategy(state, **kwargs)
 
 
-__all__ = ["STRATEGIES", "Strategy", "Training", "select"]
+__all__ = ["STRATEGIES", "TENSOR_PARALLEL", "Strategy", "Training", "select"]

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import state_dict as dcp_state
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from ..config import env_flag
 from ..state import ProcessState
@@ -87,13 +89,26 @@ class FSDP(Strategy):
     places_models = True
 
     def __init__(
-        self, state: ProcessState, settings: FsdpOptions | None = None, **kwargs: Any
+        self,
+        state: ProcessState,
+        settings: FsdpOptions | None = None,
+        mesh: DeviceMesh | None = None,
+        **kwargs: Any,
     ) -> None:
-        """``settings`` from a ``FullyShardedDataParallelPlugin``, else the launcher's variables."""
+        """``settings`` from a ``FullyShardedDataParallelPlugin``, else the launcher's variables;
+        ``mesh`` from a ``ParallelismConfig`` (its ``dp_shard`` dimension, HSDP with
+        ``dp_replicate`` before it), else one built from the sharding strategy."""
         super().__init__(state)
         self.options = FsdpOptions.from_env(os.environ) if settings is None else settings
         if self.options.offload_params and state.device.type != "cuda":
             raise ValueError("fsdp_offload_params moves parameters off a GPU; it needs CUDA")
+        if mesh is not None and self.options.mesh != "shard":
+            raise ValueError(
+                f"an FSDP sharding strategy with a {self.options.mesh} mesh beside a "
+                "ParallelismConfig: its dp_replicate_size and dp_shard_size make the mesh; leave "
+                "the strategy at FULL_SHARD or SHARD_GRAD_OP"
+            )
+        self._given_mesh = mesh
         self.mixed_precision = "no"
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -149,9 +164,11 @@ class FSDP(Strategy):
             self._repoint(optimizer)
         return model
 
-    def _mesh(self) -> Any:
+    def _mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self._given_mesh is not None:
+            return self._given_mesh
         world, device = self.state.num_processes, self.state.device.type
         if self.options.mesh == "replicate":
             return init_device_mesh(device, (world, 1), mesh_dim_names=("replicate", "shard"))
@@ -209,8 +226,27 @@ class FSDP(Strategy):
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float
     ) -> torch.Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        """torch's clipping, over the gradients of each device mesh together: a model the script
+        tensor-parallelised holds its parallelised layers' gradients on the (shard, tp) mesh and
+        the rest on the shard mesh (or none), which one torch call cannot stack."""
+        parameters = list(parameters)
+        meshes: dict[DeviceMesh | None, list[torch.Tensor]] = {}
+        for p in parameters:
+            if p.grad is not None:
+                mesh = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+                meshes.setdefault(mesh, []).append(p)
+        if len(meshes) <= 1:
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+            return _full(norm)
+        norms = [
+            _full(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type))
+            for group in meshes.values()
+        ]
+        total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+        for mesh, group in meshes.items():
+            on_mesh = total if mesh is None else DTensor.from_local(total, mesh)
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, on_mesh)
+        return total
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Every process gathers; the main process gets the full weights on CPU."""
@@ -277,3 +313,8 @@ class FSDP(Strategy):
 
     def barrier(self) -> None:
         torch.distributed.barrier()
+
+
+def _full(norm: torch.Tensor) -> torch.Tensor:
+    """A norm as a plain tensor (a DTensor's is reduced over its mesh first)."""
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accelify.runtime.launch import backends, cli, foreign_flags
+from accelify.runtime.launch import backends, cli, foreign_flags, parallelism
 from accelify.runtime.launch import config as cfg
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "launch"
@@ -137,6 +137,7 @@ def _accelerate_command_lines() -> list[list[str]]:
 
 # Namespace fields a command line may set that are the launcher's own, not a setting.
 _LAUNCHER_FIELDS = {"config_file", "module", "no_python", "quiet", "use_deepspeed", "use_fsdp"}
+_LAUNCHER_FIELDS |= {"use_parallelism_config"}
 
 
 def _fields_set(argv: list[str]) -> set[str]:
@@ -149,6 +150,7 @@ def _fields_set(argv: list[str]) -> set[str]:
 def test_every_accelerate_launch_option_is_accepted_and_means_something() -> None:
     """A new upstream option fails here until accel-run implements it or says why it cannot."""
     settings = set(cfg.PARSERS) | set(backends.DEEPSPEED_KEYS) | set(backends.FSDP_KEYS)
+    settings |= set(parallelism.KEYS)
     lines = _accelerate_command_lines()
     assert len(lines) > 200  # both spellings of the 123 options of accelerate 1.15
     for argv in lines:

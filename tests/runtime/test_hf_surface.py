@@ -163,7 +163,6 @@ def test_dynamo_backend_compiles_the_prepared_model() -> None:
         ("deepspeed_plugins", "one DeepSpeedPlugin"),
         ("torch_tp_plugin", "tensor parallelism"),
         ("megatron_lm_plugin", "Megatron"),
-        ("parallelism_config", "not supported"),
     ],
 )
 def test_plugins_accelify_does_not_take_are_refused_by_name(argument: str, says: str) -> None:
