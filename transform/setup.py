@@ -38,6 +38,7 @@ from accelify.transform.patterns import (
     dotted_name,
     keyword_arg,
     method_call,
+    placeholder_of,
     target_names,
 )
 from accelify.transform.refusals import (
@@ -210,8 +211,7 @@ def _plan(a: Analysis, scope: Scope) -> Setup:
         scope, f"self.{ACCELERATOR}" if on_self else ACCELERATOR, Timeline(a, scope), reach
     )
     _refuse_training_forms(a, setup)
-    keys = _models_and_optimizers(a, setup)
-    _refuse_trained_under_another_name(a, setup, keys)
+    keys = _trained_in_place_of_its_bare_name(a, setup, _models_and_optimizers(a, setup))
     keys += _loaders(a, setup, keys)
     keys += [
         b.key
@@ -465,24 +465,54 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
     return [*models, *(b.key for b in optimizers)]
 
 
-def _refuse_trained_under_another_name(a: Analysis, setup: Setup, prepared: list[str]) -> None:
-    """The training calls ``model`` while the optimizer holds ``model_without_ddp``'s parameters,
-    one bound from the other (research code's ``model_without_ddp = model``, reassigned in a
-    branch): prepare() would wrap the name it prepares and the step would still run the bare
-    model, whose gradients no process shares."""
-    unprepared = _trained_models(a, setup) - set(prepared)
-    for b in a.bindings:
-        if b.scope is not setup.scope or b.key not in prepared or b.value is None:
+def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str]) -> list[str]:
+    """Research code's ``model_without_ddp``: the optimizer holds the parameters of a name bound
+    only from the model the training calls (``= model``, ``= model.module``). That model is what
+    prepare() wraps, and the other name stays the bare module, as it is under DDP. A name bound
+    from the trained model any other way is refused: prepare() of either would leave the other
+    training unwrapped, its gradients never shared."""
+    unprepared = (_trained_models(a, setup) | _called_in_training(a, setup)) - set(keys)
+    out = []
+    for key in keys:
+        bindings = [b for b in a.bindings if b.scope is setup.scope and b.key == key]
+        sources = {
+            n.value for b in bindings if b.value is not None for n in names_in(b.value)
+        } & unprepared
+        if not sources:
+            out.append(key)
             continue
-        found = sorted({n.value for n in names_in(b.value)} & unprepared)
-        if found:
+        bare = [_bare_view_of(b.value) for b in bindings]
+        if len(sources) > 1 or any(view != next(iter(sources)) for view in bare):
+            found = sorted(sources)[0]
             raise Refused(
-                b.node,
+                bindings[0].node,
                 OBJECTS_NOT_FOLLOWED,
-                f"{b.key} is bound from {found[0]}, which the training calls: prepare() would "
-                f"wrap {b.key} and the step would still run the unwrapped {found[0]}; train and "
+                f"{key} is bound from {found}, which the training calls: prepare() would "
+                f"wrap {key} and the step would still run the unwrapped {found}; train and "
                 "optimize one name, or convert by hand",
             )
+        out.append(next(iter(sources)))
+    return list(dict.fromkeys(out))
+
+
+def _called_in_training(a: Analysis, setup: Setup) -> set[str]:
+    """The setup's names the training steps call (``model(x)``), whatever their role says."""
+    found = set()
+    for call, where in a.calls:
+        key = key_of(call.func)
+        if where in setup.reach and key is not None and in_training_step(a, call):
+            found |= origins(a, setup.scope, where, key)
+    return found
+
+
+def _bare_view_of(value: cst.BaseExpression | None) -> str | None:
+    """``m`` for ``m``, ``m.module`` or ``unwrap_model(m)``: the bare module a DDP model is."""
+    if isinstance(value, cst.Attribute) and value.attr.value == "module":
+        value = value.value
+    elif isinstance(value, cst.Call) and len(value.args) == 1:
+        callee = placeholder_of(value.func) or callee_name(value) or ""
+        value = value.args[0].value if callee.endswith("unwrap_model") else None
+    return value.value if isinstance(value, cst.Name) else None
 
 
 def _trains_itself(a: Analysis, setup: Setup, optimizer: Binding) -> str:

@@ -3,7 +3,8 @@
 One program, written in every combination of: how its processes start (``torchrun``, ``mp.spawn``
 from the script, or the PyTorch DDP tutorial's ``run_demo(demo_fn, world_size)`` that spawns the
 function it is given), whether the wrapped model is the tutorial's second name
-(``ddp_model = DDP(model)``, trained and saved through it), whether its ``DistributedSampler``
+(``ddp_model = DDP(model)``, trained and saved through it) or research code's bare one
+(``model_without_ddp``, optimized and saved through it, wrapped only on several processes), whether its ``DistributedSampler``
 shuffles, whether it saves a checkpoint under a rank guard every epoch, whether it all-reduces its
 loss sum, and whether it accumulates gradients over two batches, skipping DDP's sync of the first
 under ``no_sync()`` or with nanoGPT's ``require_backward_grad_sync`` switch. Each script writes,
@@ -40,7 +41,7 @@ from accelify.transform.convert import Options, convert
 
 AXES: dict[str, tuple[str, ...]] = {
     "launch": ("torchrun", "spawn", "tutorial"),
-    "wrap": ("inline", "ddp_model"),
+    "wrap": ("inline", "ddp_model", "without_ddp"),
     "shuffle": ("False", "True"),
     "save": ("none", "guarded"),
     "reduce": ("none", "all_reduce"),
@@ -128,6 +129,12 @@ _TOGGLE_STEP = """            model.require_backward_grad_sync = i % 2 == 1
             steps += 1
 """
 _STEPS = {"none": _STEP, "no_sync": _NO_SYNC_STEP, "toggle": _TOGGLE_STEP}
+_WITHOUT_DDP = """model = nn.Linear(8, 1)
+    model_without_ddp = model
+    if world_size > 1:
+        model = DDP(model)
+        model_without_ddp = model.module
+"""
 _REDUCE = "        dist.all_reduce(total)\n        total = total / world_size\n"
 _SAVE = """        if rank == 0:
             torch.save(model.module.state_dict(), os.path.join(os.environ["DDP_OUT"], "epoch.pt"))
@@ -166,6 +173,10 @@ def render(choice: dict[str, str]) -> str:
         second = "model = nn.Linear(8, 1)\n    ddp_model = DDP(model)"
         body = re.sub(r"\bmodel\b", "ddp_model", body)
         body = body.replace("ddp_model = DDP(nn.Linear(8, 1))", second)
+    if choice["wrap"] == "without_ddp":  # research code's bare-module name (DETR's shape)
+        body = body.replace("model = DDP(nn.Linear(8, 1))\n", _WITHOUT_DDP)
+        body = body.replace("SGD(model.parameters()", "SGD(model_without_ddp.parameters()")
+        body = body.replace("model.module.state_dict()", "model_without_ddp.state_dict()")
     if choice["launch"] == "tutorial":
         body = body.replace('if __name__ == "__main__":', _RUN_DEMO + 'if __name__ == "__main__":')
     setup = _SPAWN_SETUP if spawned else _TORCHRUN_SETUP
