@@ -55,6 +55,7 @@ CONVERSIONS: tuple[Conversion, ...] = (
     Conversion("ACC116", _STEPS + "lockstep"),
     Conversion("ACC117", _STEPS + "accelerator"),
     Conversion("ACC118", _STEPS + "thread"),
+    Conversion("ACC210", _DISTRIBUTED + "helpers"),
     Conversion("ACC201", _DISTRIBUTED + "switch"),
     Conversion("ACC202", _DISTRIBUTED + "spawn"),
     Conversion("ACC203", _DISTRIBUTED + "ranks"),

@@ -177,7 +177,7 @@ def refusals(module: cst.Module, source: str) -> tuple[Note, ...]:
 
 @deep_enough
 def _convert(module: cst.Module, source: str, options: Options, path: str) -> Result:
-    distributed = dedistribute(module, source)
+    distributed = dedistribute(module, source, path)
     if distributed is not None:
         return _convert_distributed(module, distributed, source, options, path)
     plan = plan_conversion(module, options, path)

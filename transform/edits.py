@@ -164,7 +164,7 @@ class _Applier(cst.CSTTransformer):
             emitted = [*self.edits.before.get(id(old), ())]
             start = len(body) + len(emitted)
             footer: Sequence[cst.EmptyLine] = ()
-            if id(old) in self.edits.removals:
+            if id(old) in self.edits.removals or self._emptied(old):
                 pending.extend([*old.leading_lines, *comments_in(old)])
             elif id(old) in self.edits.unwraps:
                 block = new.body  # type: ignore[attr-defined]
@@ -180,7 +180,7 @@ class _Applier(cst.CSTTransformer):
                 footer = block.footer
             else:
                 emitted.append(new)
-            if new is not old and id(old) not in self.edits.removals:
+            if new is not old and id(old) not in self.edits.removals and not self._emptied(old):
                 _keep_comments(old, emitted, start - len(body))
             spans[id(old)] = (start, len(body) + len(emitted) - 1)
             emitted.extend(self.edits.after.get(id(old), ()))
@@ -196,6 +196,13 @@ class _Applier(cst.CSTTransformer):
         if comments:  # removed at the end of the block: the comments stay at its end
             updated = updated.with_changes(footer=[*comments, *updated.footer])
         return updated.with_changes(body=body)
+
+    def _emptied(self, old: cst.BaseStatement) -> bool:
+        """An ``if`` to unwrap whose every statement goes: nothing of it is left to keep."""
+        body = getattr(old, "body", None)
+        return id(old) in self.edits.unwraps and all(
+            id(s) in self.edits.removals for s in getattr(body, "body", ())
+        )
 
     def _wrap(
         self, spans: dict[int, tuple[int, int]], body: list[cst.BaseStatement]

@@ -21,6 +21,11 @@ FETCHES = frozenset(
     {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
 )
 PROCESS_GROUP = frozenset({"init_process_group"})
+# torch.distributed calls whose answer depends on the process group having started.
+PROCESS_GROUP_READS = frozenset(
+    {"get_rank", "get_world_size", "is_initialized", "barrier", "all_reduce", "all_gather",
+     "broadcast", "reduce", "all_gather_object", "broadcast_object_list"}
+)  # fmt: skip
 
 
 def fetching_imports(path: str, imports: Mapping[str, str]) -> frozenset[str]:
@@ -33,6 +38,44 @@ def distributing_functions(path: str, qualified: Iterable[str]) -> frozenset[str
     """The qualified names (``util.misc.init_distributed_mode``) among ``qualified`` whose
     function, in a module next to ``path``, starts the process group."""
     return neighbour_functions(path, qualified, lambda call: _callee(call) in PROCESS_GROUP)
+
+
+def assigned_attributes(path: str, qualified: str) -> frozenset[str] | None:
+    """The attributes the function ``qualified`` (``util.misc.init_distributed_mode``), in a
+    module beside ``path``, sets on its first parameter (``args.rank = ...``); None when it
+    cannot be read."""
+    module, _, function = qualified.lstrip(".").rpartition(".")
+    tree = _parse(_module_file(Path(path).parent, module)) if module else None
+    found = [
+        node
+        for node in (tree.body if tree is not None else ())
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function
+    ]
+    if len(found) != 1 or not found[0].args.args:
+        return None
+    first = found[0].args.args[0].arg
+    return frozenset(
+        target.attr
+        for node in ast.walk(found[0])
+        for target in _targets(node)
+        if isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == first
+    )
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return [t for target in node.targets for t in ast.walk(target)]
+    if isinstance(node, ast.AugAssign | ast.AnnAssign):
+        return [node.target]
+    return []
+
+
+def process_group_readers(path: str, qualified: Iterable[str]) -> frozenset[str]:
+    """The names among ``qualified`` whose function, beside ``path``, asks torch.distributed
+    about the processes (``get_rank()``, ``is_main_process()``)."""
+    return neighbour_functions(path, qualified, lambda call: _callee(call) in PROCESS_GROUP_READS)
 
 
 def neighbour_functions(

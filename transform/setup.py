@@ -471,10 +471,14 @@ def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str
     prepare() wraps, and the other name stays the bare module, as it is under DDP. A name bound
     from the trained model any other way is refused: prepare() of either would leave the other
     training unwrapped, its gradients never shared."""
-    unprepared = (_trained_models(a, setup) | _called_in_training(a, setup)) - set(keys)
+    scope = setup.scope
+    called = _trained_models(a, setup) | _called_in_training(a, setup)
+    unprepared = {k for k in called - set(keys) if _bound_here(a, scope, k)}
     out = []
     for key in keys:
-        bindings = [b for b in a.bindings if b.scope is setup.scope and b.key == key]
+        bindings = [b for b in a.bindings if b.scope is scope and b.key == key]
+        if a.role(scope, key) is Role.OPTIMIZER:
+            bindings = []
         sources = {
             n.value for b in bindings if b.value is not None for n in names_in(b.value)
         } & unprepared

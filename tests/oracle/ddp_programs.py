@@ -4,12 +4,13 @@ One program, written in every combination of: how its processes start (``torchru
 from the script, or the PyTorch DDP tutorial's ``run_demo(demo_fn, world_size)`` that spawns the
 function it is given), whether the wrapped model is the tutorial's second name
 (``ddp_model = DDP(model)``, trained and saved through it) or research code's bare one
-(``model_without_ddp``, optimized and saved through it, wrapped only on several processes), whether its ``DistributedSampler``
-shuffles, whether it saves a checkpoint under a rank guard every epoch, whether it all-reduces its
-loss sum, and whether it accumulates gradients over two batches, skipping DDP's sync of the first
-under ``no_sync()`` or with nanoGPT's ``require_backward_grad_sync`` switch. Each script writes,
-from rank 0, what it did: optimizer steps, samples seen by that rank, the last epoch's mean loss,
-the final weights and their loss on the whole dataset (to ``$DDP_OUT/result.pt``).
+(``model_without_ddp``, optimized and saved through it, wrapped only on several processes),
+whether its ``DistributedSampler`` shuffles, whether it saves a checkpoint under a rank guard
+every epoch, whether it all-reduces its loss sum, and whether it accumulates gradients over two
+batches, skipping DDP's sync of the first under ``no_sync()`` or with nanoGPT's
+``require_backward_grad_sync`` switch. Each script writes, from rank 0, what it did: optimizer
+steps, samples seen by that rank, the last epoch's mean loss, the final weights and their loss on
+the whole dataset (to ``$DDP_OUT/result.pt``).
 
 The original runs under ``torchrun --nproc-per-node 2`` (gloo; ``mp.spawn`` scripts start their
 two processes themselves) and the conversion under ``accel-run --cpu --num-processes 2``:

@@ -39,7 +39,9 @@ SAMPLE = [
 ]  # fmt: skip
 SAMPLE = [
     {**choice, "accumulate": accumulate}
-    for choice, accumulate in zip(SAMPLE, ("no_sync", "toggle", "none", "no_sync", "no_sync"), strict=True)
+    for choice, accumulate in zip(
+        SAMPLE, ("no_sync", "toggle", "none", "no_sync", "no_sync"), strict=True
+    )
 ]
 
 

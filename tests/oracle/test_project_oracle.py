@@ -45,8 +45,11 @@ SINGLE = [c for c in CONVERTED if c not in DDP]
 
 
 def _run(program: Path, where: Path, launch: list[str]) -> Run:
-    """Run ``program``'s main.py under the probe with ``launch`` (one process: the Python)."""
-    shutil.copytree(program, where / "program")
+    """Run ``program``'s main.py under the probe with ``launch`` (one process: the Python);
+    a fixture's ``out`` runs with the folders of its ``in`` beside it (``util/``)."""
+    if program.name == "out":
+        shutil.copytree(program.parent / "in", where / "program")
+    shutil.copytree(program, where / "program", dirs_exist_ok=True)
     (where / "work").mkdir()
     (where / "out").mkdir()
     command = [*launch, str(PROBE), str(where / "program" / "main.py")]

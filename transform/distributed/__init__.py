@@ -21,6 +21,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, analyse
 from accelify.transform.distributed.collectives import collectives
 from accelify.transform.distributed.context import Rewrite
+from accelify.transform.distributed.helpers import drop_helpers
 from accelify.transform.distributed.imports import drop_unused_imports
 from accelify.transform.distributed.process_group import drop_process_group
 from accelify.transform.distributed.ranks import rank_sources, rank_uses
@@ -42,6 +43,7 @@ __all__ = ["Dedistributed", "dedistribute"]
 # switch's dropped branches are known
 # before ranks are read, and ranks before the guards and devices that use them.
 _REWRITES: tuple[Callable[[Rewrite], None], ...] = (
+    drop_helpers,
     collapse_switches,
     unspawn,
     rank_sources,
@@ -71,7 +73,7 @@ class Dedistributed:
         )
 
 
-def dedistribute(module: cst.Module, source: str) -> Dedistributed | None:
+def dedistribute(module: cst.Module, source: str, path: str = "<string>") -> Dedistributed | None:
     """None when the file does not train a DistributedDataParallel model by hand: a file that
     starts processes but trains each apart is a different program from a prepared one, and the
     file's verdict refuses it."""
@@ -81,7 +83,7 @@ def dedistribute(module: cst.Module, source: str) -> Dedistributed | None:
     verdict = file_verdict(analysis, analysis.names)
     if verdict is None or verdict.skip:
         return None
-    rewrite = Rewrite(analysis)
+    rewrite = Rewrite(analysis, path)
     try:
         refuse_other_parallelism(rewrite)
         if not _wraps_ddp(analysis):
@@ -95,7 +97,7 @@ def dedistribute(module: cst.Module, source: str) -> Dedistributed | None:
         intermediate,
         tuple(rewrite.notes),
         _line_map(source, intermediate.code),
-        resolver(rewrite.ddp_options),
+        resolver(rewrite.ddp_options, path),
     )
 
 

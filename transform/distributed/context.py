@@ -23,6 +23,7 @@ class Rewrite:
     """Shared by the rewrites of one file, in the order :func:`dedistribute` runs them."""
 
     analysis: Analysis
+    path: str = "<string>"  # the file, whose neighbours the helpers' rewrite reads
     edits: Edits = field(default_factory=Edits)
     notes: list[Note] = field(default_factory=list)
     # DistributedDataParallel keyword options that carry over (``find_unused_parameters=True``).

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.neighbours import process_group_readers
 from accelify.transform.patterns import placeholder_of
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCUMULATION, DDP_RANK, DDP_SAMPLER
@@ -39,12 +40,14 @@ _ATTRIBUTES = frozenset(
 )
 
 
-def resolver(ddp_options: dict[str, cst.BaseExpression]) -> Callable[[Plan], None]:
-    """The step, with the DistributedDataParallel options the rewrite carried over."""
+def resolver(ddp_options: dict[str, cst.BaseExpression], path: str) -> Callable[[Plan], None]:
+    """The step, with the DistributedDataParallel options the rewrite carried over and the
+    file's path (whose neighbours hold the script's own helpers)."""
 
     def resolve(plan: Plan) -> None:
         if plan.setup is None:
             return
+        _helpers_after_the_accelerator(plan, path)
         for name in list(nodes(plan.analysis.module, cst.Name)):
             what = placeholder_of(name)
             if what is not None:
@@ -57,6 +60,31 @@ def resolver(ddp_options: dict[str, cst.BaseExpression]) -> Callable[[Plan], Non
         _no_waits_under_conditions(plan)
 
     return resolve
+
+
+def _helpers_after_the_accelerator(plan: Plan, path: str) -> None:
+    """A helper of the script's own modules that asks torch.distributed about the processes
+    (``utils.get_rank()``) answers as one process until the accelerator starts them; the
+    original started its process group first, so such a call in the setup must come after the
+    accelerator is created."""
+    a, setup = plan.analysis, plan.setup
+    assert setup is not None
+    point = setup.create_at or setup.prepare_at
+    calls = [
+        (call, q)
+        for call, scope in a.calls
+        if scope is setup.scope and (q := a.names.qualify(call.func))
+    ]
+    readers = process_group_readers(path, {q for _call, q in calls})
+    for call, qualified in calls:
+        if qualified in readers and point is not None and not setup.timeline.after(point, call):
+            raise Refused(
+                call,
+                DDP_RANK,
+                f"{a.module.code_for_node(call.func)}() asks torch.distributed about the "
+                "processes before the accelerator starts them, so every process would get one "
+                "process's answer: move it below the accelerator's creation, or convert by hand",
+            )
 
 
 def _resolve(plan: Plan, name: cst.Name, what: str) -> None:

@@ -31,7 +31,7 @@ def collapse_switches(r: Rewrite) -> None:
         binding = switches.get(key)  # type: ignore[arg-type]
         if binding is None or a.contains(binding.node, name):
             continue
-        _collapse(r, name)  # type: ignore[arg-type]
+        collapse(r, name, name.value)  # type: ignore[arg-type, attr-defined]
     for binding in switches.values():
         if not isinstance(binding.node, cst.Assign) or len(binding.node.targets) != 1:
             raise r.refuse(
@@ -59,15 +59,16 @@ def _is_switch(r: Rewrite, value: cst.BaseExpression | None) -> bool:
     return environment_variable(names, left) in ENVIRONMENT
 
 
-def _collapse(r: Rewrite, name: cst.Name) -> None:
+def collapse(r: Rewrite, switch: cst.BaseExpression, spelled: str) -> None:
+    """Keep the distributed path where ``switch`` (spelled ``spelled``) chooses it."""
     a = r.analysis
-    parent = a.parent(name)
-    if isinstance(parent, cst.If) and parent.test is name:
+    parent = a.parent(switch)
+    if isinstance(parent, cst.If) and parent.test is switch:
         if isinstance(parent.orelse, cst.If):
             raise r.refuse(
                 parent, DDP_LAUNCH, "an elif follows the distributed/single-process switch"
             )
-        _refuse_distributed_only_checks(r, parent, name.value)
+        _refuse_distributed_only_checks(r, parent, spelled)
         if parent.orelse is not None:
             r.dropped.append(parent.orelse)
             # The dropped branch's comments stay, above the kept body.
@@ -78,12 +79,12 @@ def _collapse(r: Rewrite, name: cst.Name) -> None:
             )
         r.edits.unwrap(parent)
         return
-    if isinstance(parent, cst.IfExp) and parent.test is name:
+    if isinstance(parent, cst.IfExp) and parent.test is switch:
         r.dropped.append(parent.orelse)
         r.edits.replace(parent, lambda node: node.body)  # type: ignore[attr-defined]
         return
     raise r.refuse(
-        name, DDP_LAUNCH, f"{name.value} switches between distributed and single-process code here"
+        switch, DDP_LAUNCH, f"{spelled} switches between distributed and single-process code here"
     )
 
 
