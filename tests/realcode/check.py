@@ -30,7 +30,11 @@ VERDICTS = HERE / "convert_verdicts.csv"
 FIRST_SIGHT = HERE / "first_sight.csv"
 # The same for 13 repositories of LLM training code and tutorials, at 3d10904.
 FIRST_SIGHT_LLM = HERE / "first_sight_llm_tutorials.csv"
-FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM)
+# Project mode (a folder converted as programs) at 72641b6..50714d0 on four research repositories
+# in DETR's layout, judged before anything was changed for them (their files were reviewed one
+# at a time before, in FIRST_SIGHT).
+FIRST_SIGHT_PROJECTS = HERE / "first_sight_projects.csv"
+FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM, FIRST_SIGHT_PROJECTS)
 VERDICTS_ALLOWED = frozenset(
     {"correct-full", "correct-partial", "refused-with-reason", "unchanged-no-training"}
 )

@@ -19,6 +19,7 @@ from check import (
     FAULTS,
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
+    FIRST_SIGHT_PROJECTS,
     OUTCOMES,
     VERDICTS,
     VERDICTS_ALLOWED,
@@ -56,7 +57,8 @@ def test_the_converter_still_does_what_was_reviewed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("first_sight", "files", "repositories"), [(FIRST_SIGHT, 150, 15), (FIRST_SIGHT_LLM, 100, 10)]
+    ("first_sight", "files", "repositories"),
+    [(FIRST_SIGHT, 150, 15), (FIRST_SIGHT_LLM, 100, 10), (FIRST_SIGHT_PROJECTS, 6, 4)],
 )
 def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(
     first_sight: Path, files: int, repositories: int
