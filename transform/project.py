@@ -244,7 +244,7 @@ def _join(program: Program, sources: Mapping[str, Source]) -> _Joined:
     modules = {_key(m): m for m in program.modules}
     for statement, key in _joined_imports(script.path, tree, set(modules)):
         module = modules[key]
-        start, stop = _lines_of(statement, tree, script.path)
+        start, stop = _lines_of(statement, tree)
         if any(alias.asname or alias.name == "*" for alias in statement.names):
             raise _NotJoined(f"{Path(module).name}'s names are imported under other names")
         if any(p.path == module for p in pieces):
@@ -314,7 +314,7 @@ def _ended(line: str) -> str:
     return line if line.endswith(("\n", "\r")) else line + "\n"
 
 
-def _lines_of(statement: ast.stmt, tree: ast.Module, path: str) -> tuple[int, int]:
+def _lines_of(statement: ast.stmt, tree: ast.Module) -> tuple[int, int]:
     """The first and last line of a top-level statement that has its lines to itself."""
     start, stop = _first_line(statement), statement.end_lineno or statement.lineno
     for other in tree.body:
