@@ -112,8 +112,8 @@ def _parse(file: Path) -> ast.Module | None:
         return None
     try:
         return python_ast(read(str(file)).text, str(file))
-    except (SourceError, SyntaxError, ValueError, OSError):
-        return None  # a module we cannot read tells us nothing
+    except (SourceError, SyntaxError, ValueError, OSError, RecursionError, MemoryError):
+        return None  # a module we cannot read (or parse: nested too deeply) tells us nothing
 
 
 def _functions_that(tree: ast.Module, does: Callable[[ast.Call], bool]) -> set[str]:

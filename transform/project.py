@@ -55,8 +55,8 @@ def programs(paths: Iterable[str]) -> list[Program]:
     for key, path in given.items():
         try:
             trees[key] = python_ast(read(path).text, path)
-        except (SourceError, SyntaxError, ValueError, RecursionError):
-            continue
+        except (SourceError, SyntaxError, ValueError, RecursionError, MemoryError):
+            continue  # MemoryError: CPython's parser on thousands of nested unary operators
     training = {path for path, tree in trees.items() if _has_backward(tree)}
     joins = {path: list(_joined_imports(path, tree, training)) for path, tree in trees.items()}
     imports = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from runner import (
     BIN,
     PROBE,
     Run,
+    Zygote,
     _load,
     _sharding,
     _subprocess,
@@ -44,17 +46,36 @@ DDP = [c for c in CONVERTED if "DistributedDataParallel" in (c / "in" / "main.py
 SINGLE = [c for c in CONVERTED if c not in DDP]
 
 
-def _run(program: Path, where: Path, launch: list[str]) -> Run:
-    """Run ``program``'s main.py under the probe with ``launch`` (one process: the Python);
-    a fixture's ``out`` runs with the folders of its ``in`` beside it (``util/``)."""
+def _place(program: Path, where: Path) -> Path:
+    """Copy ``program`` to ``where`` (a fixture's ``out`` with the folders of its ``in`` beside
+    it, ``util/``), with an empty working directory and output folder; its main.py."""
     if program.name == "out":
         shutil.copytree(program.parent / "in", where / "program")
     shutil.copytree(program, where / "program", dirs_exist_ok=True)
     (where / "work").mkdir()
     (where / "out").mkdir()
-    command = [*launch, str(PROBE), str(where / "program" / "main.py")]
+    return where / "program" / "main.py"
+
+
+def _run(program: Path, where: Path, launch: list[str]) -> Run:
+    """Run ``program``'s main.py under the probe, launched by ``launch``."""
+    script = _place(program, where)
     env = {**clean_env(), "ORACLE_OUT": str(where / "out")}
+    command = [*launch, str(PROBE), str(script)]
     return Run(*_subprocess(command, where / "work", env, 300), _load(where / "out"))
+
+
+def _one(zygote: Zygote, program: Path, where: Path) -> Run:
+    """Run ``program``'s main.py on one process, forked by the zygote (no torch import)."""
+    script = _place(program, where)
+    return zygote.run(script, where / "work", where / "out", 120, ranks=1)
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    forks = Zygote()
+    yield forks
+    forks.close()
 
 
 def _torchrun(program: Path, where: Path) -> Run:
@@ -85,12 +106,14 @@ def _convert(program: Path, into: Path, target: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SINGLE, ids=lambda p: p.name)
-def test_a_converted_program_trains_as_the_original(case: Path, tmp_path: Path) -> None:
-    original = _run(case / "in", tmp_path / "original", [sys.executable])
+def test_a_converted_program_trains_as_the_original(
+    case: Path, tmp_path: Path, zygote: Zygote
+) -> None:
+    original = _one(zygote, case / "in", tmp_path / "original")
     assert original.code == 0 and original.records, original.tail()
     for target in ("accelify", "accelerate"):
         converted = _convert(case / "in", tmp_path / target / "code", target)
-        one = _run(converted, tmp_path / target / "one", [sys.executable])
+        one = _one(zygote, converted, tmp_path / target / "one")
         assert one.code == 0 and one.records, one.tail()
         assert compare(original.records[0], one.records[0]) == ("", ""), target
     two = _run(case / "out", tmp_path / "two", ACCEL_RUN)
