@@ -50,7 +50,7 @@ def test_clean_jobs_exit_zero_every_time(accel_run, backend: list[str]) -> None:
         run = accel_run("--cpu", "--num-processes", "2", *backend, str(SCRIPT))
         if run.returncode != 0:
             failed.append(f"exit {run.returncode}: {run.stderr[-500:]}")
-    assert failed == [], f"{len(failed)} of {YAML_RUNS} clean runs failed; first: {failed[0]}"
+    assert failed == [], f"{len(failed)} of {RUNS} clean runs failed; first: {failed[0]}"
 
 
 OPEN_FILE = SCRIPT.with_name("leaves_a_file_open.py")

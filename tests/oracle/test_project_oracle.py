@@ -1,7 +1,7 @@
 """The differential oracle on programs split over files (fixtures/project): the original on one
 process against its conversion (the folder given to accel-convert) on one process, losses and
-final weights bit-identical, and on two (accel-run), ranks equal and shards distinct. A program
-that distributes itself runs under torchrun against its conversion under accel-run."""
+final weights bit-identical, and on two (forked by the zygote), ranks equal and shards distinct.
+A program that distributes itself runs under torchrun against its conversion under accel-run."""
 
 from __future__ import annotations
 
@@ -65,10 +65,11 @@ def _run(program: Path, where: Path, launch: list[str]) -> Run:
     return Run(*_subprocess(command, where / "work", env, 300), _load(where / "out"))
 
 
-def _one(zygote: Zygote, program: Path, where: Path) -> Run:
-    """Run ``program``'s main.py on one process, forked by the zygote (no torch import)."""
+def _forked(zygote: Zygote, program: Path, where: Path, ranks: int = 1) -> Run:
+    """Run ``program``'s main.py on ``ranks`` processes forked by the zygote, with torch
+    elastic's variables (no torch import; accel-run's own launch is tested in tests/launch)."""
     script = _place(program, where)
-    return zygote.run(script, where / "work", where / "out", 120, ranks=1)
+    return zygote.run(script, where / "work", where / "out", 120, ranks=ranks)
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +110,14 @@ def _convert(program: Path, into: Path, target: str) -> Path:
 def test_a_converted_program_trains_as_the_original(
     case: Path, tmp_path: Path, zygote: Zygote
 ) -> None:
-    original = _one(zygote, case / "in", tmp_path / "original")
+    original = _forked(zygote, case / "in", tmp_path / "original")
     assert original.code == 0 and original.records, original.tail()
     for target in ("accelify", "accelerate"):
         converted = _convert(case / "in", tmp_path / target / "code", target)
-        one = _one(zygote, converted, tmp_path / target / "one")
+        one = _forked(zygote, converted, tmp_path / target / "one")
         assert one.code == 0 and one.records, one.tail()
         assert compare(original.records[0], one.records[0]) == ("", ""), target
-    two = _run(case / "out", tmp_path / "two", ACCEL_RUN)
+    two = _forked(zygote, case / "out", tmp_path / "two", ranks=2)
     notes = tuple((case / "notes.txt").read_text().splitlines())
     verdict = two_rank_verdict(original, two, notes, "2p", TRAIN_SIZE)
     assert verdict is None, verdict
