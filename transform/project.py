@@ -24,6 +24,7 @@ import symtable
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from accelify.transform.convert import Result, convert
 from accelify.transform.plan import Note, Options
@@ -51,14 +52,14 @@ def programs(paths: Iterable[str]) -> list[Program]:
 
     Files that cannot be read or parsed are left to the one-file run, which reports them."""
     given = {_key(path): path for path in paths}
-    trees: dict[str, ast.Module] = {}
-    for key, path in given.items():
+    facts: dict[str, _Facts] = {}
+    for key, path in given.items():  # one file's tree at a time: only its imports are kept
         try:
-            trees[key] = python_ast(read(path).text, path)
+            facts[key] = _facts(python_ast(read(path).text, path))
         except (SourceError, SyntaxError, ValueError, RecursionError, MemoryError):
             continue  # MemoryError: CPython's parser on thousands of nested unary operators
-    training = {path for path, tree in trees.items() if _has_backward(tree)}
-    joins = {path: list(_joined_imports(path, tree, training)) for path, tree in trees.items()}
+    training = {path for path, found in facts.items() if found.trains}
+    joins = {path: list(_joined_imports(path, f.top, training)) for path, f in facts.items()}
     imports = {
         path: tuple(dict.fromkeys(module for _s, module in found))
         for path, found in joins.items()
@@ -69,8 +70,8 @@ def programs(paths: Iterable[str]) -> list[Program]:
         for module in modules:
             users.setdefault(module, []).append(script)
     joined = {id(statement) for found in joins.values() for statement, _m in found}
-    for path, tree in trees.items():
-        for module in _other_imports(path, tree, training, joined):
+    for path, found in facts.items():
+        for module in _other_imports(path, found.imports, training, joined):
             users.setdefault(module, []).append(path)
     return [
         Program(
@@ -87,22 +88,36 @@ def _key(path: str) -> str:
     return str(Path(path))
 
 
-def _has_backward(tree: ast.Module) -> bool:
-    return any(
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "backward"
-        for node in ast.walk(tree)
+class _Facts(NamedTuple):
+    """What finding programs needs of a file: whether it has a ``.backward()`` call, its
+    top-level ``from ... import`` statements and every import it makes."""
+
+    trains: bool
+    top: list[ast.ImportFrom]
+    imports: list[ast.Import | ast.ImportFrom]
+
+
+def _facts(tree: ast.Module) -> _Facts:
+    every = list(ast.walk(tree))
+    return _Facts(
+        any(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "backward"
+            for node in every
+        ),
+        [s for s in tree.body if isinstance(s, ast.ImportFrom)],
+        [n for n in every if isinstance(n, ast.Import | ast.ImportFrom)],
     )
 
 
 def _joined_imports(
-    script: str, tree: ast.Module, training: set[str]
+    script: str, statements: Iterable[ast.stmt], training: set[str]
 ) -> Iterable[tuple[ast.ImportFrom, str]]:
-    """Top-level ``from M import ...`` statements of ``script`` naming a training file beside
-    it, each with that file's key (its normalised path)."""
+    """The top-level ``from M import ...`` among ``statements`` of ``script`` that name a
+    training file beside it, each with that file's key (its normalised path)."""
     folder = Path(script).parent
-    for statement in tree.body:
+    for statement in statements:
         if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
             target = _key(str(folder.joinpath(*statement.module.split(".")).with_suffix(".py")))
             if target in training and target != _key(script):
@@ -110,13 +125,13 @@ def _joined_imports(
 
 
 def _other_imports(
-    path: str, tree: ast.Module, training: set[str], joined: set[int]
+    path: str, imports: Iterable[ast.Import | ast.ImportFrom], training: set[str], joined: set[int]
 ) -> Iterable[str]:
     """The training files ``path`` imports in a way that is not joined (``import engine``,
     ``from pkg import engine``, an import inside a function): a call there would miss the
     accelerator the conversion hands the module's functions."""
     folder = Path(path).parent
-    for node in ast.walk(tree):
+    for node in imports:
         if isinstance(node, ast.Import):
             candidates = [folder.joinpath(*alias.name.split(".")) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and id(node) not in joined:
@@ -170,6 +185,7 @@ class _Piece:
     tail: str  # its ``if __name__ == "__main__":`` block, which an import does not run
     begin: str
     end: str
+    definitions: frozenset[str]  # its top-level functions and classes
 
 
 Converted = tuple[Source | SourceError, Result | SourceError]
@@ -242,7 +258,8 @@ def _join(program: Program, sources: Mapping[str, Source]) -> _Joined:
     pieces: list[_Piece] = []
     done = 0  # script lines already copied
     modules = {_key(m): m for m in program.modules}
-    for statement, key in _joined_imports(script.path, tree, set(modules)):
+    ours = _bindings(script)
+    for statement, key in _joined_imports(script.path, tree.body, set(modules)):
         module = modules[key]
         start, stop = _lines_of(statement, tree)
         if any(alias.asname or alias.name == "*" for alias in statement.names):
@@ -255,7 +272,7 @@ def _join(program: Program, sources: Mapping[str, Source]) -> _Joined:
         piece, body, body_start = _piece(
             sources[module], len(pieces), "".join(lines[start - 1 : stop])
         )
-        _refuse_clashes(script, sources[module], {a.name for a in statement.names})
+        _refuse_clashes(ours, sources[module], {a.name for a in statement.names})
         for text, (path, number) in (
             (piece.begin, (script.path, start)),
             *((line, (module, body_start + i)) for i, line in enumerate(body)),
@@ -268,20 +285,17 @@ def _join(program: Program, sources: Mapping[str, Source]) -> _Joined:
     for number in range(done + 1, len(lines) + 1):
         texts.append(_ended(lines[number - 1]))
         origin.append((script.path, number))
-    elsewhere = frozenset(
-        statement.name
-        for piece in pieces
-        for statement in python_ast(sources[piece.path].text, piece.path).body
-        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    )
+    elsewhere = frozenset(name for piece in pieces for name in piece.definitions)
     return _Joined("".join(texts), origin, pieces, elsewhere)
 
 
-def _refuse_clashes(script: Source, module: Source, imported: set[str]) -> None:
+def _refuse_clashes(
+    ours: Mapping[str, tuple[str, str] | None], module: Source, imported: set[str]
+) -> None:
     """One text has one set of globals: a name both files bind (other than the same import),
     or one the module reads without defining and the script defines, would be one object
-    there and two (or none) when the files run."""
-    ours, theirs = _bindings(script), _bindings(module)
+    there and two (or none) when the files run. ``ours``: the script's bindings."""
+    theirs = _bindings(module)
     for name in sorted((ours.keys() - imported) & theirs.keys()):
         if ours[name] is None or ours[name] != theirs[name]:
             raise _NotJoined(f"{name} is a different global in each file")
@@ -346,6 +360,7 @@ def _piece(module: Source, index: int, statement: str) -> tuple[_Piece, list[str
         tail="".join(lines[code_stop:]),
         begin=f"_joined_file_{index}_begins = {name!r}\n",
         end=f"_joined_file_{index}_ends = {name!r}\n",
+        definitions=frozenset(s.name for s in tree.body if isinstance(s, _DEFINITIONS)),
     )
     return piece, lines[code_start - 1 : code_stop], code_start
 

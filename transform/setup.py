@@ -477,11 +477,12 @@ def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str
     out = []
     for key in keys:
         bindings = [b for b in a.bindings if b.scope is scope and b.key == key]
-        if a.role(scope, key) is Role.OPTIMIZER:
-            bindings = []
-        sources = {
-            n.value for b in bindings if b.value is not None for n in names_in(b.value)
-        } & unprepared
+        sources = (
+            set()
+            if a.role(scope, key) is Role.OPTIMIZER
+            else {n.value for b in bindings if b.value is not None for n in names_in(b.value)}
+            & unprepared
+        )
         if not sources:
             out.append(key)
             continue
