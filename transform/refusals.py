@@ -352,13 +352,15 @@ DDP_SAMPLER = Refusal(
     "ddp-sampler",
     "a DistributedSampler the prepared loader cannot replace",
     "A prepared loader shards the data itself, so a `DistributedSampler` goes and the loader "
-    "gets its `shuffle`. One not handed straight to a `DataLoader`, given its own "
-    "`num_replicas`/`rank` or options with no equivalent, used other than by `set_epoch`, or "
-    "on a loader the conversion would not prepare cannot go.",
+    "gets its `shuffle` (under a `BatchSampler`, it becomes the `RandomSampler` or "
+    "`SequentialSampler` that shuffle stands for). One not handed straight to a `DataLoader` or "
+    "through a `BatchSampler` to its `batch_sampler=`, given its own `num_replicas`/`rank` or "
+    "options with no equivalent (`drop_last=True`), used other than by `set_epoch`, or on a "
+    "loader the conversion would not prepare cannot go.",
     "sampler = DistributedSampler(ds, num_replicas=4, rank=args.rank)\n"
     "loader = DataLoader(ds, sampler=sampler)",
-    "Hand the sampler straight to its `DataLoader` with only `shuffle=`/`seed=`/`drop_last=`, "
-    "then convert again; or prepare the loader by hand.",
+    "Hand the sampler straight to its `DataLoader` (or its `BatchSampler`) with only "
+    "`shuffle=`/`seed=`, then convert again; or prepare the loader by hand.",
 )
 DDP_COLLECTIVE = Refusal(
     "ACR304",

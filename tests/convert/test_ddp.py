@@ -45,6 +45,56 @@ def test_sampler_default_shuffles_like_distributed_sampler() -> None:
     assert "DistributedSampler" not in code and "DDP" not in code
 
 
+BATCHED = """    sampler = DistributedSampler(data, shuffle=False)
+    batches = torch.utils.data.BatchSampler(sampler, 4, drop_last=True)
+    loader = DataLoader(data, batch_sampler=batches)
+"""
+EPOCHS = """    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+"""
+
+
+def test_sampler_feeding_a_batch_sampler_becomes_the_plain_sampler_it_stands_for() -> None:
+    result = _convert(BATCHED, MODEL, EPOCHS)
+    assert not result.manual, result.notes
+    assert "sampler = torch.utils.data.SequentialSampler(data)" in result.code
+    assert "DataLoader(data, batch_sampler=batches)" in result.code
+    assert "loader.set_epoch(epoch)" in result.code and "sampler.set_epoch" not in result.code
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code
+
+
+@pytest.mark.parametrize(
+    ("line", "plain"),
+    [
+        ("BatchSampler(DistributedSampler(data), 4, False)", "RandomSampler(data)"),
+        (
+            "BatchSampler(sampler=DistributedSampler(data, shuffle=False), batch_size=4, "
+            "drop_last=False)",
+            "SequentialSampler(data)",
+        ),
+    ],
+)
+def test_a_sampler_built_inside_its_batch_sampler(line: str, plain: str) -> None:
+    loader = f"    loader = DataLoader(data, batch_sampler=torch.utils.data.{line})\n"
+    result = _convert(loader, MODEL, TRAIN)
+    assert not result.manual, result.notes
+    assert f"torch.utils.data.{plain}" in result.code
+
+
+def test_sampler_seed_goes_with_a_note() -> None:
+    loader = (
+        "    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, seed=7))\n"
+    )
+    result = _convert(loader, MODEL, TRAIN)
+    assert "DataLoader(data, batch_size=4, shuffle=True)" in result.code
+    assert any("seed=7 goes" in note.message for note in result.notes)
+
+
 def test_save_under_rank_guard_gets_no_wait_that_only_rank_zero_would_reach() -> None:
     save = '    if rank == 0:\n        torch.save(model.module.state_dict(), "m.pt")\n'
     code = _convert(LOADER, MODEL, TRAIN, save).code
@@ -100,6 +150,28 @@ def test_environment_read_as_a_string_keeps_its_type() -> None:
             "drop_last",
         ),
         (
+            (BATCHED.replace("shuffle=False", "shuffle=flag"), MODEL, TRAIN),
+            "which plain sampler it stands for is not known",
+        ),
+        (
+            (
+                BATCHED.replace("DataLoader(data, batch_sampler=batches)", "Wrapped(batches)"),
+                LOADER,
+                MODEL,
+                TRAIN,
+            ),
+            "not handed straight to a DataLoader's batch_sampler=",
+        ),
+        (
+            (
+                BATCHED,
+                "    other = DataLoader(data, batch_size=4, sampler=sampler)\n",
+                MODEL,
+                TRAIN,
+            ),
+            "feeds both a DataLoader and a BatchSampler",
+        ),
+        (
             (
                 LOADER,
                 MODEL,
@@ -122,6 +194,9 @@ def test_environment_read_as_a_string_keeps_its_type() -> None:
         "all-reduce-max",
         "untraced-module",
         "sampler-drop-last",
+        "batched-sampler-shuffle-unknown",
+        "batch-sampler-elsewhere",
+        "sampler-fed-twice",
         "no-sync-of-another-model",
         "no-sync-not-entered",
         "sync-switch-read",

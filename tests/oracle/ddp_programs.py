@@ -5,7 +5,8 @@ from the script, or the PyTorch DDP tutorial's ``run_demo(demo_fn, world_size)``
 function it is given), whether the wrapped model is the tutorial's second name
 (``ddp_model = DDP(model)``, trained and saved through it) or research code's bare one
 (``model_without_ddp``, optimized and saved through it, wrapped only on several processes),
-whether its ``DistributedSampler`` shuffles, whether it saves a checkpoint under a rank guard
+whether its ``DistributedSampler`` shuffles, whether it reaches the loader straight or through a
+``BatchSampler`` (DETR's ``batch_sampler=``), whether it saves a checkpoint under a rank guard
 every epoch, whether it all-reduces its loss sum, and whether it accumulates gradients over two
 batches, skipping DDP's sync of the first under ``no_sync()`` or with nanoGPT's
 ``require_backward_grad_sync`` switch. Each script writes, from rank 0, what it did: optimizer
@@ -44,6 +45,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "launch": ("torchrun", "spawn", "tutorial"),
     "wrap": ("inline", "ddp_model", "without_ddp"),
     "shuffle": ("False", "True"),
+    "batching": ("loader", "batch_sampler"),
     "save": ("none", "guarded"),
     "reduce": ("none", "all_reduce"),
     "accumulate": ("none", "no_sync", "toggle"),
@@ -136,6 +138,9 @@ _WITHOUT_DDP = """model = nn.Linear(8, 1)
         model = DDP(model)
         model_without_ddp = model.module
 """
+_BATCH_SAMPLER = """batches = torch.utils.data.BatchSampler(sampler, 4, drop_last=False)
+    loader = DataLoader(data, batch_sampler=batches)
+"""
 _REDUCE = "        dist.all_reduce(total)\n        total = total / world_size\n"
 _SAVE = """        if rank == 0:
             torch.save(model.module.state_dict(), os.path.join(os.environ["DDP_OUT"], "epoch.pt"))
@@ -170,6 +175,10 @@ def render(choice: dict[str, str]) -> str:
         reduce=_REDUCE if choice["reduce"] == "all_reduce" else "",
         save=_SAVE if choice["save"] == "guarded" else "",
     )
+    if choice["batching"] == "batch_sampler":
+        body = body.replace(
+            "loader = DataLoader(data, batch_size=4, sampler=sampler)\n", _BATCH_SAMPLER
+        )
     if choice["wrap"] == "ddp_model":  # every use of the wrapped model goes through the new name
         second = "model = nn.Linear(8, 1)\n    ddp_model = DDP(model)"
         body = re.sub(r"\bmodel\b", "ddp_model", body)

@@ -4,6 +4,7 @@ torchrun (or its own mp.spawn) against its conversion under accel-run, both on t
 from __future__ import annotations
 
 import ast
+import itertools
 import sys
 from pathlib import Path
 
@@ -36,8 +37,13 @@ SAMPLE = [
      "reduce": "none"},
 ]  # fmt: skip
 SAMPLE = [
-    {**choice, "accumulate": accumulate}
-    for choice, accumulate in zip(SAMPLE, ("no_sync", "toggle", "none", "no_sync"), strict=True)
+    {**choice, "accumulate": accumulate, "batching": batching}
+    for choice, accumulate, batching in zip(
+        SAMPLE,
+        ("no_sync", "toggle", "none", "no_sync"),
+        ("batch_sampler", "loader", "loader", "batch_sampler"),
+        strict=True,
+    )
 ]
 
 
@@ -54,7 +60,18 @@ def test_sample_covers_every_axis_value() -> None:
     assert seen == {(a, v) for a, values in AXES.items() for v in values}
 
 
-@pytest.mark.parametrize("choice", [c for c in variants() if c["launch"] == "torchrun"], ids=name)
+def _torchrun_forms() -> list[dict[str, str]]:
+    """Each torchrun variant of the axes that shape the training once, the batching axis taking
+    turns: the spawned forms differ from it only in how the processes start."""
+    batchings = itertools.cycle(AXES["batching"])
+    return [
+        {**c, "batching": next(batchings)}
+        for c in variants()
+        if c["launch"] == "torchrun" and c["batching"] == AXES["batching"][0]
+    ]
+
+
+@pytest.mark.parametrize("choice", _torchrun_forms(), ids=name)
 @pytest.mark.parametrize("launch", ["spawn", "tutorial"])
 def test_torchrun_and_spawn_forms_convert_to_the_same_main(
     choice: dict[str, str], launch: str

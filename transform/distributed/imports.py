@@ -16,6 +16,7 @@ _DISTRIBUTING = (
     "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed",
     "torch.utils.data.distributed",
+    "torch.utils.data.DistributedSampler",
 )
 
 

@@ -1,14 +1,20 @@
 """``DataLoader(ds, sampler=DistributedSampler(ds, shuffle=s))`` -> ``DataLoader(ds, shuffle=s)``.
 
 A prepared loader shards the data itself, so the sampler goes and the loader gets the sampler's
-``shuffle`` (True when the sampler was not told: its default). ``sampler.set_epoch(e)`` and
-``loader.sampler.set_epoch(e)`` become ``loader.set_epoch(e)``, which a prepared loader forwards
-to its own sampler. The loader is marked so that the conversion refuses a sharded loader it would
-not prepare: every process would then see all of it, and a sum it all-reduces would count it N
-times.
+``shuffle`` (True when the sampler was not told: its default). A sampler that feeds a
+``BatchSampler`` (``DataLoader(ds, batch_sampler=BatchSampler(sampler, b, drop_last=d))``)
+becomes the ``RandomSampler``/``SequentialSampler`` its ``shuffle`` stands for, and the prepared
+loader shards the batches. ``seed=`` goes with a note: the prepared loader's processes share
+one shuffle, drawn from torch's generator rather than from that seed. ``sampler.set_epoch(e)``
+and ``loader.sampler.set_epoch(e)`` become ``loader.set_epoch(e)``, which a prepared loader
+forwards to its own sampler. The loader is marked so that the conversion refuses a sharded loader
+it would not prepare: every process would then see all of it, and a sum it all-reduces would
+count it N times.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -21,12 +27,23 @@ from accelify.transform.walk import nodes
 
 # The sampler's arguments that only say which shard: the prepared loader knows them.
 _SHARD = frozenset({"num_replicas", "rank"})
+_PLAIN = {"True": "RandomSampler", "False": "SequentialSampler"}  # by shuffle
+
+
+@dataclass
+class _Named:
+    """A ``DistributedSampler`` bound to a name, and where that name was handed over."""
+
+    call: cst.Call
+    shuffle: cst.BaseExpression
+    binding: cst.CSTNode
+    handed_to: set[str] = field(default_factory=set)  # "loader", "batches"
 
 
 def drop_samplers(r: Rewrite) -> None:
     a = r.analysis
     names = a.names
-    samplers: dict[tuple[int, str], cst.BaseExpression] = {}  # a sampler's name -> its shuffle
+    samplers: dict[tuple[int, str], _Named] = {}
     for call, scope in a.calls:
         if names.last_part(call.func) != "DistributedSampler" or not names.refers_to(
             call.func, ("torch",), "DistributedSampler"
@@ -35,8 +52,19 @@ def drop_samplers(r: Rewrite) -> None:
         shuffle = _shuffle(r, call)
         parent = a.parent(call)
         if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
-            _give_shuffle(r, a.parent(parent), parent, shuffle)  # type: ignore[arg-type]
+            loader = a.parent(parent)
+            if _is_batch_sampler(r, loader):  # type: ignore[arg-type]
+                _batch_sampler_loader(r, loader)  # type: ignore[arg-type]
+                _to_plain(r, call, shuffle)
+            else:
+                _give_shuffle(r, loader, parent, shuffle)  # type: ignore[arg-type]
             continue
+        if isinstance(parent, cst.Arg) and _is_batch_sampler(r, a.parent(parent)):  # type: ignore[arg-type]
+            batches = a.parent(parent)
+            if parent is batches.args[0] and parent.keyword is None:  # type: ignore[attr-defined]
+                _batch_sampler_loader(r, batches)  # type: ignore[arg-type]
+                _to_plain(r, call, shuffle)
+                continue
         if isinstance(parent, cst.IfExp) and parent.body is call and parent.orelse in r.dropped:
             parent = a.parent(parent)  # ``DistributedSampler(ds) if ddp else ...``: ddp is kept
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
@@ -45,15 +73,34 @@ def drop_samplers(r: Rewrite) -> None:
             raise r.refuse(
                 call, DDP_SAMPLER, "this DistributedSampler is not handed straight to a DataLoader"
             )
-        samplers[(id(scope.node), key)] = shuffle
-        r.remove(a.parent(parent))  # type: ignore[arg-type]
+        samplers[(id(scope.node), key)] = _Named(call, shuffle, a.parent(parent))  # type: ignore[arg-type]
     _uses(r, samplers)
+    for sampler in samplers.values():
+        if sampler.handed_to == {"batches"}:
+            _to_plain(r, sampler.call, sampler.shuffle)
+        elif len(sampler.handed_to) > 1:
+            raise r.refuse(
+                sampler.call,
+                DDP_SAMPLER,
+                "this DistributedSampler feeds both a DataLoader and a BatchSampler",
+            )
+        else:
+            r.remove(sampler.binding)
 
 
 def _shuffle(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
     for arg in call.args[1:]:
         name = arg.keyword.value if arg.keyword is not None else None
         if name == "shuffle" or (name in _SHARD and kind_of(r, arg.value) is not None):
+            continue
+        if name == "drop_last" and _is_false(arg.value):
+            continue  # the sampler's default
+        if name == "seed":
+            r.info(
+                arg,
+                f"DistributedSampler's seed={r.analysis.module.code_for_node(arg.value)} goes: "
+                "the prepared loader's processes share one shuffle, drawn from torch's generator",
+            )
             continue
         if name in _SHARD:
             code = r.analysis.module.code_for_node(arg.value)
@@ -72,6 +119,84 @@ def _shuffle(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
         )
     given = keyword_arg(call, "shuffle")
     return given.value if given is not None else cst.Name("True")
+
+
+def _is_false(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "False"
+
+
+def _is_batch_sampler(r: Rewrite, node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Call) and r.analysis.names.refers_to(
+        node.func, ("torch",), "BatchSampler"
+    )
+
+
+def _to_plain(r: Rewrite, call: cst.Call, shuffle: cst.BaseExpression) -> None:
+    """``DistributedSampler(ds, shuffle=s)`` -> ``RandomSampler(ds)`` or ``SequentialSampler(ds)``,
+    spelled through the file's ``torch`` import."""
+    plain = _PLAIN.get(shuffle.value) if isinstance(shuffle, cst.Name) else None
+    dataset = call.args[0] if call.args else None
+    if dataset is not None and dataset.keyword is not None and dataset.keyword.value != "dataset":
+        dataset = None
+    if plain is None or dataset is None:
+        raise r.refuse(
+            call,
+            DDP_SAMPLER,
+            "this DistributedSampler feeds a BatchSampler, and its shuffle= is not True or "
+            "False or its dataset not its first argument: which plain sampler it stands for is "
+            "not known",
+        )
+    torch = next((local for local, q in r.analysis.names.imports.items() if q == "torch"), None)
+    if torch is None:
+        raise r.refuse(
+            call,
+            DDP_SAMPLER,
+            f"this DistributedSampler feeds a BatchSampler: it would become a {plain}, and the "
+            "file has no `import torch` to spell it with",
+        )
+    func = cst.parse_expression(f"{torch}.utils.data.{plain}")
+    r.edits.replace(call, cst.Call(func, args=[cst.Arg(dataset.value)]))
+    r.changed(
+        call,
+        f"DistributedSampler -> {plain}: the prepared loader shards the batches its "
+        "BatchSampler makes",
+    )
+
+
+def _batch_sampler_loader(r: Rewrite, batches: cst.Call) -> cst.BaseExpression:
+    """Mark the loader ``batches`` (a ``BatchSampler(...)`` call) is the ``batch_sampler=`` of,
+    straight or through one name read once; the name that loader is bound to, for set_epoch."""
+    a = r.analysis
+    holder = a.parent(batches)
+    if isinstance(holder, cst.Assign) and len(holder.targets) == 1:
+        target = holder.targets[0].target
+        scope = a.scope_of.get(id(target))
+        reads = (
+            _reads(r, (id(scope.node), target.value))
+            if isinstance(target, cst.Name) and scope
+            else []
+        )  # type: ignore[attr-defined]
+        holder = a.parent(reads[0]) if len(reads) == 1 else None
+    if not (
+        isinstance(holder, cst.Arg)
+        and holder.keyword is not None
+        and holder.keyword.value == "batch_sampler"
+        and isinstance(loader := a.parent(holder), cst.Call)
+        and a.names.last_part(loader.func) == "DataLoader"
+    ):
+        raise r.refuse(
+            batches,
+            DDP_SAMPLER,
+            "this BatchSampler over a DistributedSampler is not handed straight to a "
+            "DataLoader's batch_sampler=",
+        )
+    r.edits.replace(
+        holder.value, lambda node: cst.Call(placeholder("sharded"), args=[cst.Arg(node)])
+    )
+    binding = a.parent(loader)
+    if isinstance(binding, cst.Assign) and len(binding.targets) == 1:
+        return binding.targets[0].target
+    return loader
 
 
 def _give_shuffle(
@@ -111,43 +236,70 @@ def _without_sampler(call: cst.Call) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _uses(r: Rewrite, samplers: dict[tuple[int, str], cst.BaseExpression]) -> None:
-    """Where each named sampler was handed over and set to an epoch."""
+def _reads(r: Rewrite, key: tuple[int, str]) -> list[cst.Name]:
+    """The names that read ``key`` (its scope's node id, its name): not its bindings, nor
+    keywords or attributes spelled like it."""
     a = r.analysis
-    loaders: dict[tuple[int, str], cst.BaseExpression] = {}
+    found = []
     for name in nodes(a.module, cst.Name):
         scope = a.scope_of.get(id(name))
-        key = (id(scope.node), name.value) if scope is not None else None  # type: ignore[attr-defined]
-        if key not in samplers:
+        if scope is None or (id(scope.node), name.value) != key:  # type: ignore[attr-defined]
             continue
         parent = a.parent(name)
         if isinstance(parent, cst.AssignTarget | cst.Arg | cst.Attribute) and (
             getattr(parent, "keyword", None) is name or getattr(parent, "attr", None) is name
         ):
-            continue  # a keyword or attribute spelled like the sampler
-        if isinstance(parent, cst.AssignTarget):
-            continue  # the binding, removed
-        if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
-            loader = a.parent(parent)
-            _give_shuffle(r, loader, parent, samplers[key])  # type: ignore[arg-type]
-            binding = a.parent(loader)
-            if isinstance(binding, cst.Assign) and isinstance(binding.targets[0].target, cst.Name):
-                loaders[key] = binding.targets[0].target  # type: ignore[index]
             continue
-        epoch = _set_epoch(a, parent)
-        if epoch is None or key not in loaders:
-            raise r.refuse(
-                name,
-                DDP_SAMPLER,
-                "this DistributedSampler is used other than by its DataLoader and set_epoch",
-            )
-        r.edits.replace(epoch, _epoch(loaders[key], epoch))  # type: ignore[index]
+        if not isinstance(parent, cst.AssignTarget):
+            found.append(name)
+    return found
+
+
+def _uses(r: Rewrite, samplers: dict[tuple[int, str], _Named]) -> None:
+    """Where each named sampler was handed over and set to an epoch."""
+    a = r.analysis
+    loaders: dict[tuple[int, str], cst.BaseExpression] = {}
+    for key, sampler in samplers.items():
+        for name in _reads(r, key):
+            parent = a.parent(name)
+            if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
+                loader = a.parent(parent)
+                if _is_batch_sampler(r, loader):  # type: ignore[arg-type]
+                    sampler.handed_to.add("batches")
+                    loaders[key] = _batch_sampler_loader(r, loader)  # type: ignore[arg-type]
+                    continue
+                sampler.handed_to.add("loader")
+                _give_shuffle(r, loader, parent, sampler.shuffle)  # type: ignore[arg-type]
+                binding = a.parent(loader)
+                if isinstance(binding, cst.Assign) and isinstance(
+                    binding.targets[0].target, cst.Name
+                ):
+                    loaders[key] = binding.targets[0].target  # type: ignore[index]
+                continue
+            batches = a.parent(parent) if isinstance(parent, cst.Arg) else None
+            if _is_batch_sampler(r, batches) and parent is batches.args[0] and not parent.keyword:  # type: ignore[union-attr]
+                sampler.handed_to.add("batches")
+                loaders[key] = _batch_sampler_loader(r, batches)  # type: ignore[arg-type]
+                continue
+            _epoch_of(r, name, loaders.get(key))
     for attribute in nodes(a.module, cst.Attribute):
         if attribute.attr.value != "sampler":  # type: ignore[attr-defined]
             continue
         epoch = _set_epoch(a, a.parent(attribute))
         if epoch is not None:
             r.edits.replace(epoch, _epoch(attribute.value, epoch))  # type: ignore[attr-defined]
+
+
+def _epoch_of(r: Rewrite, name: cst.Name, loader: cst.BaseExpression | None) -> None:
+    """``name.set_epoch(e)`` -> ``loader.set_epoch(e)``; any other use is refused."""
+    epoch = _set_epoch(r.analysis, r.analysis.parent(name))
+    if epoch is None or loader is None:
+        raise r.refuse(
+            name,
+            DDP_SAMPLER,
+            "this DistributedSampler is used other than by its DataLoader and set_epoch",
+        )
+    r.edits.replace(epoch, _epoch(loader, epoch))
 
 
 def _set_epoch(a: Analysis, node: cst.CSTNode | None) -> cst.Call | None:
