@@ -5,20 +5,21 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.every_process import EveryProcessRule, Reach
+from accelify.rules.imports import ImportsRule
 from accelify.rules.rule import Invalid, Severity
-from accelify.transform.patterns import callee_name, dotted_name
-
-_LOGGERS = ("SummaryWriter", "Logger", "Writer")
-# Loggers of the standard library write to a stream or a handler, not one run per process.
-_NOT_RUNS = ("logging.", "csv.")
+from accelify.transform.patterns import callee_name
+from accelify.transform.trackers import LOGGERS, opens_a_run
 
 
-class LoggerOnEveryProcess(EveryProcessRule):
+class LoggerOnEveryProcess(EveryProcessRule, ImportsRule):
     """An experiment logger (`SummaryWriter`, `wandb.init`, a `...Logger`) opened by every process.
 
     ## What it does
     In a script that creates an `Accelerator`, flags `SummaryWriter(...)`, `wandb.init(...)` and
-    other `...Logger(...)`/`...Writer(...)` constructors that run on every process.
+    the other `...Logger(...)`/`...Writer(...)` constructors of experiment-tracking libraries
+    (TensorBoard, wandb, MLflow, Aim, Comet, ClearML, Neptune, DVCLive, Lightning's loggers) that
+    run on every process. A logger the project defines is left alone: nothing shows it opens a run,
+    and research code's `MetricLogger` all-reduces its meters, so guarding it would hang.
 
     ## Why is this bad?
     Each process opens its own run: N TensorBoard event files in one folder (the curves
@@ -49,12 +50,20 @@ class LoggerOnEveryProcess(EveryProcessRule):
         "writer = SummaryWriter('runs/exp')  # no Accelerator\n",
         "accelerator = Accelerator()\n"
         "writer = SummaryWriter('runs/exp') if accelerator.is_main_process else None\n",
+        "import utils\naccelerator = Accelerator()\nmetric_logger = utils.MetricLogger()\n"
+        "for x in metric_logger.log_every(loader, 10):\n    pass\n"
+        "metric_logger.synchronize_between_processes()\n",
+        "class RunLogger:\n    pass\n\n\naccelerator = Accelerator()\nlog = RunLogger()\n",
     )
     INVALID = (
         Invalid(
             "def main():\n    accelerator = Accelerator()\n    writer = SummaryWriter('runs/exp')\n"
             "    for step in range(10):\n        writer.add_scalar('loss', 1.0, step)\n"
             "\n\nif __name__ == '__main__':\n    main()\n"
+        ),
+        Invalid(
+            "from lightning.pytorch.loggers import TensorBoardLogger\n"
+            "accelerator = Accelerator()\nlogger = TensorBoardLogger('runs')\n"
         ),
         Invalid(
             "accelerator = Accelerator()\n\n\ndef setup_logging(cfg):\n"
@@ -64,16 +73,13 @@ class LoggerOnEveryProcess(EveryProcessRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         last = callee_name(node) or ""
-        if last != "init" and not last.endswith(_LOGGERS):  # cheap: most calls stop here
+        if last != "init" and not last.endswith(LOGGERS):  # cheap: most calls stop here
             return
-        qualified = dotted_name(node.func) or ""
-        if qualified == "wandb.init" or (
-            last.endswith(_LOGGERS) and last != "getLogger" and not qualified.startswith(_NOT_RUNS)
-        ):
+        if opens_a_run(self.names, node) is not None:
             self.candidate(node, fixable=False)
 
     def flag(self, call: cst.Call, reach: Reach) -> None:
-        what = "wandb run" if dotted_name(call.func) == "wandb.init" else callee_name(call)
+        what = opens_a_run(self.names, call)
         self.report(
             call,
             f"every process opens its own {what} here; open it, and log, on the main process "

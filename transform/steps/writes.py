@@ -28,13 +28,13 @@ from accelify.transform.neighbours import FETCHES
 from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
+from accelify.transform.trackers import opens_a_run
 from accelify.transform.walk import nodes
 
 _WRITE_MODES = frozenset("wax")
 _DISK_TESTS = frozenset(
     {"exists", "isdir", "isfile", "is_dir", "is_file", "listdir", "scandir", "iterdir", "glob"}
 )
-_LOGGERS = ("SummaryWriter", "Logger", "Writer")
 
 
 def writes(plan: Plan) -> None:
@@ -352,12 +352,8 @@ def _report_loggers(plan: Plan) -> None:
     """A logger every process opens writes N event files or runs: say so where it is built."""
     a = plan.analysis
     for call, _scope in plan.training_calls():
-        qualified = a.names.qualify(call.func) or dotted_name(call.func) or ""
-        last = qualified.rsplit(".", 1)[-1]
-        wandb = qualified == "wandb.init"
-        logger = last.endswith(_LOGGERS) and not qualified.startswith("logging.")
-        if (wandb or logger) and isinstance(a.parent(call), cst.Assign | cst.Expr):
-            what = "wandb run" if wandb else last
+        what = opens_a_run(a.names, call)
+        if what is not None and isinstance(a.parent(call), cst.Assign | cst.Expr):
             plan.needs_human(
                 call,
                 f"every process opens its own {what} here: open it, and log, on the main "
