@@ -6,12 +6,21 @@ download GLUE, bert-base-cased and timm weights). It runs on 2 CPU processes und
 with accelify.runtime and under ``accelerate launch`` with HF Accelerate, at the same time; every
 rank's record (each step's loss as an exact float, eval metrics, the sha256 of the final weights,
 what the example adds) must be equal. The examples that cannot run here are in ``LEFT_OUT``.
+
+HF's records are kept in ``test_examples/hf_records.json`` under a key of all they depend on (the
+example's code, the torch, accelerate and Python versions, the CPU kernels torch picked): a
+stored record whose key matches stands for HF's run, any other is run live.
+``ACCELIFY_RECORD_HF=1 pytest tests/runtime/test_examples.py`` runs HF on every example and
+stores what it wrote.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
 import sys
 from collections.abc import Callable
@@ -88,6 +97,38 @@ _LAUNCHER_PREFIXES = ("ACCELERATE_", "FSDP_", "DS_", "WORLD_SIZE", "RANK", "LOCA
 _TRANSIENT = ("Gloo connectFullMesh failed", "Connection reset by peer", "address already in use")
 
 
+HF_RECORDS = Path(__file__).with_name("test_examples") / "hf_records.json"
+RECORD_HF = os.environ.get("ACCELIFY_RECORD_HF") == "1"
+
+
+def reference_key(name: str) -> str:
+    """What HF's records of ``name`` depend on: the example's code, the versions that run it, and
+    the CPU kernels torch computes with."""
+    import torch
+
+    code = hashlib.sha256()
+    for path in (EXAMPLES / f"{name}.py", EXAMPLES / "_common.py"):
+        code.update(path.read_bytes())
+    packages = ["torch", "accelerate", *([NEEDS[name]] if name in NEEDS else [])]
+    versions = [f"{p}=={importlib.metadata.version(p)}" for p in packages]
+    cpu = f"{platform.machine()}/{torch.backends.cpu.get_cpu_capability()}"
+    return " ".join([code.hexdigest()[:16], *versions, f"python=={platform.python_version()}", cpu])
+
+
+def stored_hf_records(name: str) -> list[dict[str, Any]] | None:
+    if RECORD_HF or not HF_RECORDS.exists():
+        return None
+    stored = json.loads(HF_RECORDS.read_text()).get(name)
+    return stored["records"] if stored and stored["key"] == reference_key(name) else None
+
+
+def store_hf_records(name: str, records: list[dict[str, Any]]) -> None:
+    stored = json.loads(HF_RECORDS.read_text()) if HF_RECORDS.exists() else {}
+    stored[name] = {"key": reference_key(name), "records": records}
+    HF_RECORDS.parent.mkdir(exist_ok=True)
+    HF_RECORDS.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+
+
 def fixtures() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
 
@@ -117,20 +158,28 @@ def finish(process: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def run_both(name: str, root: Path) -> dict[str, list[dict[str, Any]]]:
-    """Both launches at once (each mostly waits on imports and rendezvous), in folders apart."""
-    outs = {impl: root / impl for impl in ("accelify", "hf")}
+    """Both launches at once (each mostly waits on imports and rendezvous), in folders apart;
+    HF's only where no stored record stands for it."""
+    stored = stored_hf_records(name)
+    impls = ("accelify",) if stored is not None else ("accelify", "hf")
+    outs = {impl: root / impl for impl in impls}
     for out in outs.values():
         out.mkdir()
     running = {impl: start(name, impl, out) for impl, out in outs.items()}
     done = {impl: finish(process) for impl, process in running.items()}
-    if done["hf"][0] != 0 and any(mark in done["hf"][2] for mark in _TRANSIENT):
+    if "hf" in done and done["hf"][0] != 0 and any(mark in done["hf"][2] for mark in _TRANSIENT):
         done["hf"] = finish(start(name, "hf", outs["hf"]))
     for impl, (code, stdout, stderr) in done.items():
         assert code == 0, f"{name} under {impl} exited {code}:\n{stdout[-2000:]}{stderr[-4000:]}"
-    return {
+    found = {
         impl: [json.loads((out / f"{impl}_rank{rank}.json").read_text()) for rank in range(2)]
         for impl, out in outs.items()
     }
+    if stored is not None:
+        found["hf"] = stored
+    elif RECORD_HF:
+        store_hf_records(name, found["hf"])
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +233,18 @@ def test_resumed_half_runs_bit_identically(name: str, runs: Callable) -> None:
 def test_fixtures_and_left_out_cover_every_upstream_example() -> None:
     assert sorted([*fixtures(), *LEFT_OUT]) == sorted(UPSTREAM)
     assert set(RESUMING) <= set(fixtures())
+
+
+def test_a_stored_hf_record_stands_for_hfs_run_only_under_its_own_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(globals(), "HF_RECORDS", tmp_path / "hf_records.json")
+    monkeypatch.setitem(globals(), "RECORD_HF", False)
+    records = [{"losses": [1.0, 0.5]}, {"losses": [0.9, 0.4]}]
+    store_hf_records("nlp_example", records)
+    assert stored_hf_records("nlp_example") == records
+    assert stored_hf_records("cv_example") is None
+    stored = json.loads(HF_RECORDS.read_text())
+    stored["nlp_example"]["key"] = stored["nlp_example"]["key"].replace("torch==", "torch==0")
+    HF_RECORDS.write_text(json.dumps(stored))
+    assert stored_hf_records("nlp_example") is None, "another torch computes other floats"
