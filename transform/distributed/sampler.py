@@ -51,20 +51,14 @@ def drop_samplers(r: Rewrite) -> None:
             continue
         shuffle = _shuffle(r, call)
         parent = a.parent(call)
-        if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
-            loader = a.parent(parent)
-            if _is_batch_sampler(r, loader):  # type: ignore[arg-type]
-                _batch_sampler_loader(r, loader)  # type: ignore[arg-type]
-                _to_plain(r, call, shuffle)
-            else:
-                _give_shuffle(r, loader, parent, shuffle)  # type: ignore[arg-type]
+        batches = _batch_sampler_of(r, parent)
+        if batches is not None:
+            _batch_sampler_loader(r, batches)
+            _to_plain(r, call, shuffle)
             continue
-        if isinstance(parent, cst.Arg) and _is_batch_sampler(r, a.parent(parent)):  # type: ignore[arg-type]
-            batches = a.parent(parent)
-            if parent is batches.args[0] and parent.keyword is None:  # type: ignore[attr-defined]
-                _batch_sampler_loader(r, batches)  # type: ignore[arg-type]
-                _to_plain(r, call, shuffle)
-                continue
+        if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
+            _give_shuffle(r, a.parent(parent), parent, shuffle)  # type: ignore[arg-type]
+            continue
         if isinstance(parent, cst.IfExp) and parent.body is call and parent.orelse in r.dropped:
             parent = a.parent(parent)  # ``DistributedSampler(ds) if ddp else ...``: ddp is kept
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
@@ -125,10 +119,19 @@ def _is_false(value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.Name) and value.value == "False"
 
 
-def _is_batch_sampler(r: Rewrite, node: cst.CSTNode | None) -> bool:
-    return isinstance(node, cst.Call) and r.analysis.names.refers_to(
-        node.func, ("torch",), "BatchSampler"
-    )
+def _batch_sampler_of(r: Rewrite, arg: cst.CSTNode | None) -> cst.Call | None:
+    """The ``BatchSampler(...)`` call ``arg`` is the sampler of (its first positional argument,
+    or ``sampler=``), else None."""
+    if not isinstance(arg, cst.Arg):
+        return None
+    call = r.analysis.parent(arg)
+    if not isinstance(call, cst.Call) or not r.analysis.names.refers_to(
+        call.func, ("torch",), "BatchSampler"
+    ):
+        return None
+    if arg.keyword is None and arg is call.args[0]:
+        return call
+    return call if arg.keyword is not None and arg.keyword.value == "sampler" else None
 
 
 def _to_plain(r: Rewrite, call: cst.Call, shuffle: cst.BaseExpression) -> None:
@@ -262,12 +265,13 @@ def _uses(r: Rewrite, samplers: dict[tuple[int, str], _Named]) -> None:
     for key, sampler in samplers.items():
         for name in _reads(r, key):
             parent = a.parent(name)
+            batches = _batch_sampler_of(r, parent)
+            if batches is not None:
+                sampler.handed_to.add("batches")
+                loaders[key] = _batch_sampler_loader(r, batches)
+                continue
             if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
                 loader = a.parent(parent)
-                if _is_batch_sampler(r, loader):  # type: ignore[arg-type]
-                    sampler.handed_to.add("batches")
-                    loaders[key] = _batch_sampler_loader(r, loader)  # type: ignore[arg-type]
-                    continue
                 sampler.handed_to.add("loader")
                 _give_shuffle(r, loader, parent, sampler.shuffle)  # type: ignore[arg-type]
                 binding = a.parent(loader)
@@ -275,11 +279,6 @@ def _uses(r: Rewrite, samplers: dict[tuple[int, str], _Named]) -> None:
                     binding.targets[0].target, cst.Name
                 ):
                     loaders[key] = binding.targets[0].target  # type: ignore[index]
-                continue
-            batches = a.parent(parent) if isinstance(parent, cst.Arg) else None
-            if _is_batch_sampler(r, batches) and parent is batches.args[0] and not parent.keyword:  # type: ignore[union-attr]
-                sampler.handed_to.add("batches")
-                loaders[key] = _batch_sampler_loader(r, batches)  # type: ignore[arg-type]
                 continue
             _epoch_of(r, name, loaders.get(key))
     for attribute in nodes(a.module, cst.Attribute):
