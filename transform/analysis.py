@@ -11,13 +11,14 @@ and one set once from a name (``self.model = model``) holds what that name holds
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from accelify.transform.lines import start_lines
 from accelify.transform.names import NameCollector, Names
+from accelify.transform.neighbours import class_passes_through, passes_through
 from accelify.transform.patterns import (
     CLOSURE_OPTIMIZERS,
     Role,
@@ -28,6 +29,7 @@ from accelify.transform.patterns import (
     method_call,
     target_names,
 )
+from accelify.transform.sources import python_ast
 from accelify.transform.walk import Visitor, nodes, walk
 
 # Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
@@ -121,6 +123,9 @@ class Analysis:
     # (caller, name, callee, name) pairs that hold the same object: arguments and parameters,
     # ``self.x = x``, returned values (see ``_infer_roles``).
     links: list[tuple[Scope, str, Scope, str]] = field(default_factory=list)
+    # ``metric_logger.log_every(loader, ...)`` calls (ids) whose method is proven to hand a loop
+    # the loader's own items: a loop over one walks the loader (see ``_see_through``).
+    through: set[int] = field(default_factory=set)
     _lines: dict[int, int] | None = field(default=None, repr=False)
     _bound: set[tuple[int, str]] | None = field(default=None, repr=False)
 
@@ -266,26 +271,30 @@ def unwrap_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     return value
 
 
-def loop_iterable(iterable: cst.BaseExpression) -> cst.BaseExpression:
-    """``enumerate(tqdm(loader))`` -> ``loader``."""
+def loop_iterable(
+    iterable: cst.BaseExpression, through: Collection[int] = ()
+) -> cst.BaseExpression:
+    """``enumerate(tqdm(loader))`` -> ``loader``; also through the calls (ids) in ``through``
+    (``Analysis.through``)."""
     while (
         isinstance(iterable, cst.Call)
-        and callee_name(iterable) in _ITER_WRAPPERS
+        and (callee_name(iterable) in _ITER_WRAPPERS or id(iterable) in through)
         and iterable.args
         and iterable.args[0].keyword is None
+        and not iterable.args[0].star
     ):
         iterable = iterable.args[0].value
     return iterable
 
 
-def zipped(iterable: cst.BaseExpression) -> list[cst.BaseExpression]:
+def zipped(iterable: cst.BaseExpression, through: Collection[int] = ()) -> list[cst.BaseExpression]:
     """``zip(a, tqdm(b))`` -> ``[a, b]``; anything else -> ``[iterable]``."""
     if (
         isinstance(iterable, cst.Call)
         and callee_name(iterable) == "zip"
         and all(arg.keyword is None and not arg.star for arg in iterable.args)
     ):
-        return [loop_iterable(arg.value) for arg in iterable.args]
+        return [loop_iterable(arg.value, through) for arg in iterable.args]
     return [iterable]
 
 
@@ -336,9 +345,12 @@ class _KeyFinder(Visitor):
         return not self.found
 
 
-def analyse(module: cst.Module) -> Analysis:
+def analyse(module: cst.Module, path: str = "<string>") -> Analysis:
+    """The facts every step and rule reads; ``path`` locates the modules beside the file (its
+    classes' methods may be read, never run)."""
     analysis = Analysis(module)
     walk(module, _Collector(analysis))
+    _see_through(analysis, path)
     _infer_roles(analysis)
     return analysis
 
@@ -461,18 +473,8 @@ class _Collector(NameCollector):
         raise AssertionError("statement outside any scope")
 
     def visit_For(self, node: cst.For) -> None:
-        iterable = loop_iterable(node.iter)
-        batch_target = node.target
-        if (
-            node.iter is not iterable
-            and callee_name(node.iter) == "enumerate"  # type: ignore[arg-type]
-            and isinstance(node.target, cst.Tuple)
-            and len(node.target.elements) == 2
-        ):
-            batch_target = node.target.elements[1].value
-        walked = tuple(k for it in zipped(iterable) if (k := key_of(it)) is not None)
-        key = key_of(iterable)
-        loop = Loop(node, self.scopes[-1], key, set(target_names(batch_target)), iterables=walked)
+        loop = Loop(node, self.scopes[-1], None, set())
+        _read_iterable(loop, ())
         self.a.loops.append(loop)
         self.loops.append(loop)
 
@@ -506,6 +508,52 @@ class _Collector(NameCollector):
                     if outer is not None and outer.scope is loop.scope:
                         outer.trains = True
             self.a.backward_calls.append((node, scope, loop))
+
+
+def _read_iterable(loop: Loop, through: Collection[int]) -> None:
+    """What a ``for`` walks (the loader's key, every zipped one) and the names of its batches."""
+    node = loop.node
+    assert isinstance(node, cst.For)
+    iterable = loop_iterable(node.iter, through)
+    batch_target = node.target
+    if (
+        node.iter is not iterable
+        and callee_name(node.iter) == "enumerate"  # type: ignore[arg-type]
+        and isinstance(node.target, cst.Tuple)
+        and len(node.target.elements) == 2
+    ):
+        batch_target = node.target.elements[1].value
+    loop.iterable = key_of(iterable)
+    loop.batch_names = set(target_names(batch_target))
+    loop.iterables = tuple(k for it in zipped(iterable, through) if (k := key_of(it)) is not None)
+
+
+def _see_through(a: Analysis, path: str) -> None:
+    """Loops over ``metric_logger.log_every(loader, ...)`` walk ``loader`` when the method is
+    read and proven to yield each item of its first argument once, in order (research code's
+    metric loggers): the instance is bound once in the loop's function, to a class of this file
+    or of a module beside ``path``."""
+    for loop in a.loops:
+        if not isinstance(loop.node, cst.For):
+            continue
+        call = loop_iterable(loop.node.iter, a.through)
+        if isinstance(call, cst.Call) and _passes_through(a, path, loop.scope, call):
+            a.through.add(id(call))
+            _read_iterable(loop, a.through)
+
+
+def _passes_through(a: Analysis, path: str, scope: Scope, call: cst.Call) -> bool:
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and call.args):
+        return False
+    built = [b.value for b in a.bindings if b.scope is scope and b.key == func.value.value]
+    if len(built) != 1 or not isinstance(built[0], cst.Call):
+        return False
+    cls, method = built[0].func, func.attr.value
+    if (name := dotted_name(cls)) in a.methods:  # a class of this file
+        return class_passes_through(python_ast(a.module.code, path), name, method)
+    qualified = a.names.qualify(cls)
+    return qualified is not None and passes_through(path, qualified, method)
 
 
 def _infer_roles(a: Analysis) -> None:

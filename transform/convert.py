@@ -275,7 +275,7 @@ def plan_conversion(
     """Analyse ``module`` and plan every step, without applying anything: the converter applies
     the plan, and accel-lint reads the manual notes (each has its node in ``module``). ``extra``
     steps run just before the accelerator is written (they may still ask for it)."""
-    analysis = analyse(module)
+    analysis = analyse(module, path)
     verdict = file_verdict(analysis, analysis.names)
     if verdict is not None:
         plan = Plan(analysis, options, None)

@@ -20,6 +20,7 @@ from accelify.transform.sources import SourceError, python_ast, read
 FETCHES = frozenset(
     {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
 )
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 PROCESS_GROUP = frozenset({"init_process_group"})
 # torch.distributed calls whose answer depends on the process group having started.
 PROCESS_GROUP_READS = frozenset(
@@ -70,6 +71,91 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     if isinstance(node, ast.AugAssign | ast.AnnAssign):
         return [node.target]
     return []
+
+
+def passes_through(path: str, qualified: str, method: str) -> bool:
+    """Whether ``method`` of the class ``qualified`` (``util.misc.MetricLogger``), in a module
+    beside ``path``, hands a loop each item of its first argument, once and in order: research
+    code's ``metric_logger.log_every(data_loader, ...)`` is the loader's own batches."""
+    module, _, name = qualified.lstrip(".").rpartition(".")
+    tree = _parse(_module_file(Path(path).parent, module)) if module else None
+    return tree is not None and class_passes_through(tree, name, method)
+
+
+def class_passes_through(tree: ast.Module, name: str, method: str) -> bool:
+    """:func:`passes_through` for the top-level class ``name`` of ``tree``."""
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    if len(classes) != 1 or classes[0].decorator_list:
+        return False
+    if [ast.unparse(base) for base in classes[0].bases] not in ([], ["object"]):
+        return False  # an inherited method is not the one read here
+    found = [n for n in classes[0].body if isinstance(n, ast.FunctionDef) and n.name == method]
+    return len(found) == 1 and _yields_each_item(found[0])
+
+
+def _yields_each_item(function: ast.FunctionDef) -> bool:
+    """``for obj in iterable: ...; yield obj; ...`` as the one loop over the first argument
+    (after ``self``), which is otherwise only measured (``len(iterable)``): no other yield, no
+    early exit, no rebinding, no torch.distributed call, no decorator."""
+    params = function.args.args
+    if function.decorator_list or len(params) < 2:
+        return False
+    iterable = params[1].arg
+    inner = [n for n in _own_nodes(function) if n is not function]
+    loops = [
+        n
+        for n in function.body
+        if isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id == iterable
+    ]
+    if len(loops) != 1 or not isinstance(loops[0].target, ast.Name) or loops[0].orelse:
+        return False
+    loop, item = loops[0], loops[0].target.id
+    yields = [n for n in inner if isinstance(n, ast.Yield | ast.YieldFrom | ast.Await)]
+    yielded = [
+        s.value
+        for s in loop.body
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Yield)
+        and isinstance(s.value.value, ast.Name) and s.value.value.id == item
+    ]  # fmt: skip
+    exits = (ast.Return, ast.Break, ast.Continue, ast.Raise, ast.Try, ast.With)
+    measured = {
+        id(n.args[0])
+        for n in inner
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+        and len(n.args) == 1
+    }  # fmt: skip
+    return (
+        len(yields) == 1
+        and yielded == yields
+        and not any(isinstance(n, exits) for n in _own_nodes(loop))
+        and not any(
+            isinstance(n, ast.Name) and n.id in (item, iterable) and not isinstance(n.ctx, ast.Load)
+            for n in inner
+            if n is not loop.target
+        )
+        and all(
+            n is loop.iter or id(n) in measured
+            for n in inner
+            if isinstance(n, ast.Name) and n.id == iterable
+        )
+        and not any(
+            _callee(n) in PROCESS_GROUP | PROCESS_GROUP_READS
+            for n in inner
+            if isinstance(n, ast.Call)
+        )
+    )
+
+
+def _own_nodes(node: ast.AST) -> list[ast.AST]:
+    """``node`` and what it holds, not entering the functions, lambdas and classes inside."""
+    found, todo = [], [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        if current is not node and isinstance(current, _SCOPES):
+            continue
+        todo.extend(ast.iter_child_nodes(current))
+    return found
 
 
 def process_group_readers(path: str, qualified: Iterable[str]) -> frozenset[str]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from accelify.transform.convert import convert
-from accelify.transform.neighbours import distributing_functions, fetching_imports
+from accelify.transform.neighbours import distributing_functions, fetching_imports, passes_through
 
 DOWNLOADER = """
 import urllib.request
@@ -114,3 +116,112 @@ def test_a_script_whose_helper_starts_the_process_group_stays_unchanged(tmp_path
     assert "utils.init_distributed_mode() starts the process group in util/misc.py" in note.message
     (tmp_path / "util" / "misc.py").write_text(MISC.replace("init_process_group", "barrier"))
     assert convert(TRAIN, path=str(script)).changed  # the baseline: without it, it converts
+
+
+LOGGER = """
+import time
+
+class MetricLogger(object):
+    def log_every(self, iterable, print_freq, header=None):
+        i = 0
+        for obj in iterable:
+            start = time.time()
+            yield obj
+            if i % print_freq == 0 or i == len(iterable) - 1:
+                print(header, i, len(iterable), time.time() - start)
+            i += 1
+"""
+
+
+def _loop(*lines: str) -> str:
+    """Lines of ``log_every``'s loop body."""
+    return "".join(" " * 12 + line + "\n" for line in lines)
+
+
+YIELD = _loop("yield obj")
+# Each breaks one fact the loop's batches being the loader's own rests on.
+NOT_THROUGH = {
+    "a yield under a condition": (YIELD, _loop("if i % 2:", "    yield obj")),
+    "two yields": (YIELD, _loop("yield obj", "yield obj")),
+    "an early exit": (_loop("i += 1"), _loop("i += 1", "if i > 3:", "    break")),
+    "another item": (YIELD, _loop("yield obj[0]")),
+    "the item rebound": (YIELD, _loop("obj = obj * 2", "yield obj")),
+    "the iterable read": ("        i = 0\n", "        i = 0\n        next(iter(iterable))\n"),
+    "a base class": ("class MetricLogger(object):", "class MetricLogger(Base):"),
+    "a collective": (YIELD, _loop("yield obj", "dist.barrier()")),
+    "errors swallowed": (YIELD, _loop("try:", "    yield obj", "except ValueError:", "    pass")),
+}
+
+LOGGED = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import util.misc as utils
+
+def train_one_epoch(model, loader, optimizer):
+    metric_logger = utils.MetricLogger()
+    for x, y in metric_logger.log_every(loader, 10, "train"):
+        optimizer.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        optimizer.step()
+
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=2)
+train_one_epoch(model, loader, optimizer)
+"""
+
+
+def _logger(tmp_path: Path, code: str) -> str:
+    (tmp_path / "util").mkdir(exist_ok=True)
+    (tmp_path / "util" / "misc.py").write_text(code)
+    return _script(tmp_path)
+
+
+def test_a_metric_loggers_log_every_is_read_as_handing_on_the_loaders_batches(
+    tmp_path: Path,
+) -> None:
+    script = _logger(tmp_path, LOGGER)
+    assert passes_through(script, "util.misc.MetricLogger", "log_every")
+    assert not passes_through(script, "util.misc.MetricLogger", "update")
+    assert not passes_through(script, "util.misc.Absent", "log_every")
+
+
+@pytest.mark.parametrize("change", NOT_THROUGH.values(), ids=NOT_THROUGH)
+def test_a_method_that_may_not_hand_on_each_item_once_is_not_read_through(
+    tmp_path: Path, change: tuple[str, str]
+) -> None:
+    old, new = change
+    assert old in LOGGER
+    script = _logger(tmp_path, LOGGER.replace(old, new))
+    assert not passes_through(script, "util.misc.MetricLogger", "log_every")
+
+
+def test_training_through_log_every_prepares_the_loader_it_walks(tmp_path: Path) -> None:
+    script = _logger(tmp_path, LOGGER)
+    result = convert(LOGGED, path=script)
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code
+    assert not result.manual
+    # The same logger in the script itself is read the same way.
+    inline = LOGGED.replace("import util.misc as utils\n", LOGGER).replace("utils.", "")
+    assert "accelerator.prepare(model, optimizer, loader)" in convert(inline, path=script).code
+
+
+def test_a_logger_not_shown_to_hand_on_the_batches_leaves_the_loader_unprepared(
+    tmp_path: Path,
+) -> None:
+    """As for any loop over an unknown iterable: the data is not known to be the loader's, so
+    the loader is not sharded and the report says every process trains on all of it."""
+    old, new = NOT_THROUGH["a yield under a condition"]
+    script = _logger(tmp_path, LOGGER.replace(old, new))
+    result = convert(LOGGED, path=script)
+    assert "accelerator.prepare(model, optimizer)" in result.code
+    (note,) = result.manual
+    assert "no DataLoader feeds this training step" in note.message
+    # A second binding of the logger in the function: which class runs is not one fact.
+    twice = LOGGED.replace(
+        "    for x, y", "    if optimizer:\n        metric_logger = Other()\n    for x, y"
+    )
+    assert (
+        "accelerator.prepare(model, optimizer)"
+        in convert(twice, path=_logger(tmp_path, LOGGER)).code
+    )

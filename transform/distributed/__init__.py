@@ -79,7 +79,7 @@ def dedistribute(module: cst.Module, source: str, path: str = "<string>") -> Ded
     file's verdict refuses it."""
     if not any(hint in source for hint in _HINTS):
         return None
-    analysis = analyse(module)
+    analysis = analyse(module, path)
     verdict = file_verdict(analysis, analysis.names)
     if verdict is None or verdict.skip:
         return None

@@ -160,7 +160,7 @@ def lockstep(plan: Plan) -> None:
 
 
 def _walks_loader(a: Analysis, loop: cst.For) -> bool:
-    walked = key_of(loop_iterable(loop.iter))
+    walked = key_of(loop_iterable(loop.iter, a.through))
     return walked is not None and a.role(a.scope_of[id(loop)], walked) is Role.DATALOADER
 
 
@@ -429,7 +429,7 @@ def _loop_targets(
         and len(target.elements) == 2
     ):
         target = target.elements[1].value  # the index is a counter, equal everywhere
-    walked = loop_iterable(iterable)
+    walked = loop_iterable(iterable, a.through)
     if key_of(walked) in loaders:
         why: str | None = _BATCH
     else:

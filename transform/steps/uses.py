@@ -383,7 +383,7 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         return None
     if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
         return None
-    if use.role is Role.DATALOADER and last in _LOADER_READERS:
+    if use.role is Role.DATALOADER and (last in _LOADER_READERS or id(call) in a.through):
         return None
     if use.role is Role.MODEL and use.bare and last in _BARE_MODEL_READERS:
         return None
