@@ -118,4 +118,12 @@ def _appended(items: Sequence[_Item], new: _Item) -> list[_Item]:
         between = items[-2].comma
         return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
     comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return [*items[:-1], last.with_changes(comma=comma), new]
+    # The space before ``)`` (a line break when the bracket has a line of its own) follows ``new``.
+    space = "whitespace_after_arg" if isinstance(last, cst.Arg) else "whitespace_after_param"
+    before_bracket = {space: getattr(last, space)}
+    empty = {space: cst.SimpleWhitespace("")}
+    return [
+        *items[:-1],
+        last.with_changes(comma=comma, **empty),
+        new.with_changes(**before_bracket),
+    ]
