@@ -39,6 +39,10 @@ class Names:
             return None
         return f"{qualified}{dot}{rest}"
 
+    def local_name(self, qualified: str) -> str | None:
+        """The name ``qualified`` was imported as (``torch`` for ``import torch``), if it was."""
+        return next((local for local, q in self.imports.items() if q == qualified), None)
+
     def last_part(self, node: cst.BaseExpression) -> str | None:
         """The name ``node`` stands for, without its package: ``DS`` imported as
         ``DistributedSampler as DS`` is ``DistributedSampler``."""

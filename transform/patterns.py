@@ -127,6 +127,19 @@ def placeholder_of(node: cst.CSTNode) -> str | None:
     return None
 
 
+def returned_shards(mark: cst.Call) -> bool:
+    """Whether ``mark``, the DDP rewrite's ``sharded(shuffle[, dataset])`` in a loader whose
+    DistributedSampler went, gives the sampler back to a loader kept for evaluation: it was
+    over the loader's own dataset (the mark then carries it), without shuffling."""
+    shuffle = mark.args[0].value if mark.args else None
+    return (
+        placeholder_of(mark.func) == "sharded"
+        and len(mark.args) == 2
+        and isinstance(shuffle, cst.Name)
+        and shuffle.value == "False"
+    )
+
+
 def is_device(expr: cst.BaseExpression, *, by_name: bool = True) -> bool:
     """``"cuda:0"``, ``torch.device(...)``, a choice between them, or (``by_name``) a name such as
     ``device``/``accelerator.device``: clearly a device."""

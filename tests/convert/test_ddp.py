@@ -216,6 +216,43 @@ def test_sharded_loader_that_would_not_be_prepared_is_refused() -> None:
     assert "would not prepare" in _refusal(_convert(LOADER, MODEL, TRAIN, evaluation))
 
 
+EVALUATION = """    sharded = DistributedSampler(data, shuffle=False)
+    test = DataLoader(data, batch_size=4, sampler=sharded)
+    with torch.no_grad():
+        for x, _ in test:
+            print(model(x).sum())
+"""
+
+
+def test_a_sharded_loader_only_evaluated_keeps_its_sampler_told_the_accelerators_numbers() -> None:
+    """Each process evaluates the shard it did under torchrun; one process reads every sample
+    in order, as the script's non-distributed path did."""
+    result = _convert(LOADER, MODEL, TRAIN, EVALUATION)
+    assert (
+        "test = DataLoader(data, batch_size=4, sampler=torch.utils.data.DistributedSampler(data, "
+        "num_replicas=accelerator.num_processes, rank=accelerator.process_index, shuffle=False))"
+    ) in result.code
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code
+    assert any("test is only evaluated, so it is not prepared" in n.message for n in result.notes)
+    assert not result.manual
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("DistributedSampler(data, shuffle=False)", "DistributedSampler(data)"),  # shuffles
+        ("DistributedSampler(data, shuffle=False)", "DistributedSampler(held, shuffle=False)"),
+    ],
+    ids=["shuffled", "another dataset"],
+)
+def test_an_evaluated_sampler_that_cannot_come_back_as_it_was_is_refused(
+    change: tuple[str, str],
+) -> None:
+    held = "    held = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))\n"
+    evaluation = EVALUATION.replace(*change)
+    assert "would not prepare" in _refusal(_convert(LOADER, MODEL, TRAIN, held, evaluation))
+
+
 def test_processes_that_train_apart_are_not_turned_into_ddp() -> None:
     """init_process_group without DDP: every process trains its own model; prepare() would
     synchronise them, a different program."""

@@ -18,7 +18,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.neighbours import process_group_readers
-from accelify.transform.patterns import placeholder_of
+from accelify.transform.patterns import placeholder_of, returned_shards
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCUMULATION, DDP_RANK, DDP_SAMPLER
 from accelify.transform.setup import Refused, origins
@@ -111,7 +111,6 @@ def _resolve(plan: Plan, name: cst.Name, what: str) -> None:
         _set_epoch(plan, call)
     elif what == "sharded" and call is not None:
         _sharded(plan, call)
-        plan.edits.replace(call, call.args[0].value)
     else:
         raise Refused(name, DDP_RANK, f"cannot place {what} here")
 
@@ -180,23 +179,82 @@ def _prepared(plan: Plan, loader: cst.BaseExpression) -> bool:
 
 
 def _sharded(plan: Plan, marker: cst.Call) -> None:
-    """Refuse unless the loader whose DistributedSampler went is prepared."""
+    """The loader whose DistributedSampler went: prepared, it shards the data itself; kept for
+    evaluation, a sampler over its own dataset without shuffling comes back, told the
+    accelerator's process count and index (as many processes read the same shards as before,
+    and one reads every sample in order); otherwise refused."""
     a = plan.analysis
     loader = a.parent(a.parent(marker))  # marker -> Arg -> DataLoader(...)
     holder = a.parent(loader)  # type: ignore[arg-type]
     if isinstance(holder, cst.Assign) and len(holder.targets) == 1:
-        if _prepared(plan, holder.targets[0].target):
+        target = holder.targets[0].target
+        if _prepared(plan, target):
+            _shards_itself(plan, marker)
+            return
+        if _kept(plan, target) and returned_shards(marker):
+            _sampler_back(plan, marker, key_of(target))
             return
     elif isinstance(holder, cst.Return):
         function = a.scope_of[id(holder)]
         built = [_prepared(plan, t) for t in _results_of(a, function)]
         if built and all(built):
+            _shards_itself(plan, marker)
             return
     raise Refused(
         loader,  # type: ignore[arg-type]
         DDP_SAMPLER,
         "this loader was sharded by a DistributedSampler, but the conversion would not prepare "
         "it: every process would read all of it (and a sum of it reduced N times over)",
+    )
+
+
+def _shards_itself(plan: Plan, marker: cst.Call) -> None:
+    """The mark gives way to what it holds: the sampler's ``shuffle`` (or the batch sampler)."""
+    value = marker.args[0].value
+    plan.edits.replace(marker, value)
+    arg = plan.analysis.parent(marker)
+    if isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "shuffle":
+        plan.changed(
+            marker,
+            "DistributedSampler removed: the prepared loader shards the data "
+            f"(shuffle={plan.analysis.module.code_for_node(value)})",
+        )
+
+
+def _kept(plan: Plan, loader: cst.BaseExpression) -> bool:
+    """Whether ``loader`` is the setup's own name of a loader only evaluation reads."""
+    setup = plan.setup
+    return (
+        setup is not None
+        and plan.analysis.scope_of.get(id(loader)) is setup.scope
+        and key_of(loader) in setup.kept_loaders
+    )
+
+
+def _sampler_back(plan: Plan, marker: cst.Call, key: str | None) -> None:
+    """``shuffle=sharded(False, ds)`` -> ``sampler=torch.utils.data.DistributedSampler(ds, ..)``."""
+    torch = plan.analysis.names.local_name("torch")
+    if torch is None:
+        raise Refused(
+            marker,
+            DDP_SAMPLER,
+            f"{key} is only evaluated, and its DistributedSampler would come back with the "
+            "accelerator's process count, but the file has no `import torch` to spell it with",
+        )
+    state = [cst.Module([]).code_for_node(_state(plan, marker)) for _ in range(2)]
+    dataset = cst.Module([]).code_for_node(marker.args[1].value)
+    sampler = cst.parse_expression(
+        f"{torch}.utils.data.DistributedSampler({dataset}, num_replicas={state[0]}.num_processes, "
+        f"rank={state[1]}.process_index, shuffle=False)"
+    )
+    plan.edits.replace(
+        plan.analysis.parent(marker),  # type: ignore[arg-type]
+        lambda arg: arg.with_changes(keyword=cst.Name("sampler"), value=sampler),
+    )
+    plan.changed(
+        marker,
+        f"{key} is only evaluated, so it is not prepared: its DistributedSampler stays, told "
+        "the accelerator's process count and index, and shards it as before",
     )
 
 

@@ -57,7 +57,7 @@ def drop_samplers(r: Rewrite) -> None:
             _to_plain(r, call, shuffle)
             continue
         if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
-            _give_shuffle(r, a.parent(parent), parent, shuffle)  # type: ignore[arg-type]
+            _give_shuffle(r, a.parent(parent), parent, call, shuffle)  # type: ignore[arg-type]
             continue
         if isinstance(parent, cst.IfExp) and parent.body is call and parent.orelse in r.dropped:
             parent = a.parent(parent)  # ``DistributedSampler(ds) if ddp else ...``: ddp is kept
@@ -138,18 +138,15 @@ def _to_plain(r: Rewrite, call: cst.Call, shuffle: cst.BaseExpression) -> None:
     """``DistributedSampler(ds, shuffle=s)`` -> ``RandomSampler(ds)`` or ``SequentialSampler(ds)``,
     spelled through the file's ``torch`` import."""
     plain = _PLAIN.get(shuffle.value) if isinstance(shuffle, cst.Name) else None
-    dataset = call.args[0] if call.args else None
-    if dataset is not None and dataset.keyword is not None and dataset.keyword.value != "dataset":
-        dataset = None
+    dataset = _dataset(call)
     if plain is None or dataset is None:
         raise r.refuse(
             call,
             DDP_SAMPLER,
             "this DistributedSampler feeds a BatchSampler, and its shuffle= is not True or "
-            "False or its dataset not its first argument: which plain sampler it stands for is "
-            "not known",
+            "False or its dataset is not given: which plain sampler it stands for is not known",
         )
-    torch = next((local for local, q in r.analysis.names.imports.items() if q == "torch"), None)
+    torch = r.analysis.names.local_name("torch")
     if torch is None:
         raise r.refuse(
             call,
@@ -158,7 +155,7 @@ def _to_plain(r: Rewrite, call: cst.Call, shuffle: cst.BaseExpression) -> None:
             "file has no `import torch` to spell it with",
         )
     func = cst.parse_expression(f"{torch}.utils.data.{plain}")
-    r.edits.replace(call, cst.Call(func, args=[cst.Arg(dataset.value)]))
+    r.edits.replace(call, cst.Call(func, args=[cst.Arg(dataset)]))
     r.changed(
         call,
         f"DistributedSampler -> {plain}: the prepared loader shards the batches its "
@@ -203,14 +200,24 @@ def _batch_sampler_loader(r: Rewrite, batches: cst.Call) -> cst.BaseExpression:
 
 
 def _give_shuffle(
-    r: Rewrite, loader: cst.Call, sampler: cst.Arg, shuffle: cst.BaseExpression
+    r: Rewrite,
+    loader: cst.Call,
+    sampler: cst.Arg,
+    call: cst.Call,
+    shuffle: cst.BaseExpression,
 ) -> None:
-    """Swap ``sampler=`` for ``shuffle=`` in the loader's call (replacing its ``shuffle=False``)."""
+    """Swap ``sampler=`` for ``shuffle=`` in the loader's call (replacing its ``shuffle=False``).
+    The mark carries the loader's dataset when the sampler is over that same dataset: a loader
+    the conversion keeps for evaluation then gets the sampler back (see ``resolve``)."""
     if not isinstance(loader, cst.Call) or r.analysis.names.last_part(loader.func) != "DataLoader":
         raise r.refuse(
             sampler, DDP_SAMPLER, "this DistributedSampler is not handed straight to a DataLoader"
         )
-    marked = cst.Call(placeholder("sharded"), args=[cst.Arg(shuffle)])
+    dataset = _same_dataset(r.analysis, call, loader)
+    marked = cst.Call(
+        placeholder("sharded"),
+        args=[cst.Arg(shuffle), *([cst.Arg(dataset)] if dataset is not None else [])],
+    )
     old = keyword_arg(loader, "shuffle")
     if old is not None:
         r.edits.replace(old.value, lambda _n: marked)
@@ -219,11 +226,25 @@ def _give_shuffle(
         r.edits.replace(
             sampler, lambda node: node.with_changes(keyword=cst.Name("shuffle"), value=marked)
         )
-    r.changed(
-        sampler,
-        "DistributedSampler removed: the prepared loader shards the data "
-        f"(shuffle={r.analysis.module.code_for_node(shuffle)})",
-    )
+
+
+def _same_dataset(a: Analysis, sampler: cst.Call, loader: cst.Call) -> cst.Name | None:
+    """The dataset name both calls take first, when it is bound once where they are."""
+    first = [_dataset(c) for c in (sampler, loader)]
+    if not all(isinstance(d, cst.Name) for d in first) or len({d.value for d in first}) != 1:  # type: ignore[union-attr]
+        return None
+    name = first[0].value  # type: ignore[union-attr]
+    scope = a.scope_of.get(id(loader))
+    bound = [b for b in a.bindings if b.scope is scope and b.key == name]
+    return cst.Name(name) if scope is not None and len(bound) <= 1 else None
+
+
+def _dataset(call: cst.Call) -> cst.BaseExpression | None:
+    """A sampler's or loader's dataset: its first positional argument, or ``dataset=``."""
+    if call.args and call.args[0].keyword is None:
+        return call.args[0].value
+    given = keyword_arg(call, "dataset")
+    return given.value if given is not None else None
 
 
 def _without_sampler(call: cst.Call) -> cst.Call:
@@ -273,7 +294,7 @@ def _uses(r: Rewrite, samplers: dict[tuple[int, str], _Named]) -> None:
             if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
                 loader = a.parent(parent)
                 sampler.handed_to.add("loader")
-                _give_shuffle(r, loader, parent, sampler.shuffle)  # type: ignore[arg-type]
+                _give_shuffle(r, loader, parent, sampler.call, sampler.shuffle)  # type: ignore[arg-type]
                 binding = a.parent(loader)
                 if isinstance(binding, cst.Assign) and isinstance(
                     binding.targets[0].target, cst.Name

@@ -14,7 +14,13 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
 from accelify.transform.participation import idle_submodules, partly_used, random_layers
-from accelify.transform.patterns import RANK_NAMES, Role, dotted_name, placeholder_of
+from accelify.transform.patterns import (
+    RANK_NAMES,
+    Role,
+    dotted_name,
+    placeholder_of,
+    returned_shards,
+)
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import STEP_ORDER
 from accelify.transform.setup import Refused
@@ -51,6 +57,8 @@ def prepare(plan: Plan) -> None:
         shows=_prepare_code(keys, setup.accelerator, 0).split("(")[0],
     )
     for key, binding in setup.kept_loaders.items():
+        if any(returned_shards(mark) for mark in nodes(binding.node, cst.Call)):
+            continue  # its DistributedSampler comes back: the DDP rewrite's resolver says so
         plan.info(
             binding.node,
             f"{key} is not prepared: only evaluation reads it, and every process evaluates all "
