@@ -90,6 +90,11 @@ def _torchrun(program: Path, where: Path) -> Run:
     return run
 
 
+def _evaluated(record: dict) -> list[tuple[int, int, int]]:
+    """The samples a rank fetched from datasets other than the training set."""
+    return [fetch for fetch in record["fetches"] if fetch[0] != TRAIN_SIZE]
+
+
 def _port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,5 +142,7 @@ def test_a_converted_ddp_program_trains_as_the_original(case: Path, tmp_path: Pa
         assert len(ours["losses"]) == len(theirs["losses"])
         for a, b in zip(ours["weights"], theirs["weights"], strict=True):
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        # Each rank evaluates what it evaluated under torchrun: the same samples, in order.
+        assert _evaluated(ours) == _evaluated(theirs)
     both = {"fetches": [f for record in original.records for f in record["fetches"]]}
     assert _sharding(both, converted.records, TRAIN_SIZE) == ""
