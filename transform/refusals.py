@@ -356,7 +356,9 @@ DDP_SAMPLER = Refusal(
     "`SequentialSampler` that shuffle stands for). One not handed straight to a `DataLoader` or "
     "through a `BatchSampler` to its `batch_sampler=`, given its own `num_replicas`/`rank` or "
     "options with no equivalent (`drop_last=True`), used other than by `set_epoch`, or on a "
-    "loader the conversion would not prepare cannot go.",
+    "loader the conversion would not prepare cannot go; a loader only evaluated keeps a "
+    "non-shuffling sampler over its own dataset, told the accelerator's process count and "
+    "index.",
     "sampler = DistributedSampler(ds, num_replicas=4, rank=args.rank)\n"
     "loader = DataLoader(ds, sampler=sampler)",
     "Hand the sampler straight to its `DataLoader` (or its `BatchSampler`) with only "
