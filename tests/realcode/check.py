@@ -21,6 +21,7 @@ from pathlib import Path
 
 from accelify.transform.convert import Options, Result, convert
 from accelify.transform.notebook import convert_notebook
+from accelify.transform.project import convert_program, programs
 from accelify.transform.sources import SourceError, read
 
 HERE = Path(__file__).parent
@@ -35,6 +36,10 @@ FIRST_SIGHT_LLM = HERE / "first_sight_llm_tutorials.csv"
 # at a time before, in FIRST_SIGHT).
 FIRST_SIGHT_PROJECTS = HERE / "first_sight_projects.csv"
 FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM, FIRST_SIGHT_PROJECTS)
+# Project mode's verdicts: a script converted together with files beside it (``with``: paths
+# relative to the script's folder, or ``*`` for every Python file under it, as
+# ``accel-convert .`` run there).
+PROJECT_VERDICTS = HERE / "project_verdicts.csv"
 VERDICTS_ALLOWED = frozenset(
     {"correct-full", "correct-partial", "refused-with-reason", "unchanged-no-training"}
 )
@@ -54,6 +59,7 @@ class Row:
     line: int
     verdict: str
     reason: str
+    others: tuple[str, ...] = ()  # project mode: the files given with it, beside it
 
 
 def outcome(result: Result) -> tuple[str, int]:
@@ -79,10 +85,29 @@ def converted(file: Path) -> tuple[str, int]:
         return "error", 0
 
 
+def converted_with(file: Path, others: list[str]) -> tuple[str, int]:
+    """What project mode does with the script ``file`` given with ``others`` (beside it)."""
+    if others == ["*"]:
+        others = [str(p.relative_to(file.parent)) for p in sorted(file.parent.rglob("*.py"))]
+    paths = [str(file), *(str(file.parent / o) for o in others if file.parent / o != file)]
+    found = [p for p in programs(paths) if p.script == str(file)]
+    if not found:
+        return converted(file)  # nothing joins: the script is converted alone
+    (_source, result) = convert_program(found[0], Options())[str(file)]
+    return ("error", 0) if isinstance(result, SourceError) else outcome(result)
+
+
 def load(path: Path) -> list[Row]:
     with path.open(newline="") as handle:
         return [
-            Row(r["path"], r["outcome"], int(r["line"]), r["verdict"], r["reason"])
+            Row(
+                r["path"],
+                r["outcome"],
+                int(r["line"]),
+                r["verdict"],
+                r["reason"],
+                tuple(r.get("with", "").split()),
+            )
             for r in csv.DictReader(handle)
         ]
 
@@ -95,7 +120,7 @@ def check(root: Path, rows: list[Row]) -> list[str]:
         if not file.exists():
             problems.append(f"{row.path}: not found under {root}")
             continue
-        now, line = converted(file)
+        now, line = converted_with(file, list(row.others)) if row.others else converted(file)
         if (now, line) != (row.outcome, row.line):
             problems.append(
                 f"{row.path}: reviewed as {row.outcome} (line {row.line}), now {now} "
@@ -130,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     table = Counter((r.path.split("/", 1)[0], r.verdict) for r in rows)
     for (repo, verdict), count in sorted(table.items()):
         print(f"{repo:40} {verdict:24} {count}")
+    projects = load(PROJECT_VERDICTS)
     for first in FIRST_SIGHTS:
-        print(f"\n{first.name}:\n" + "\n".join(rates(load(first), rows)))
-    problems = check(args.root, rows)
+        after = projects if first == FIRST_SIGHT_PROJECTS else rows
+        print(f"\n{first.name}:\n" + "\n".join(rates(load(first), after)))
+    problems = check(args.root, rows) + check(args.root, projects)
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

@@ -21,6 +21,7 @@ from check import (
     FIRST_SIGHT_LLM,
     FIRST_SIGHT_PROJECTS,
     OUTCOMES,
+    PROJECT_VERDICTS,
     VERDICTS,
     VERDICTS_ALLOWED,
     check,
@@ -28,6 +29,7 @@ from check import (
 )
 
 ROWS = load(VERDICTS)
+PROJECTS = load(PROJECT_VERDICTS)
 
 
 def test_every_row_is_a_reviewed_acceptable_verdict() -> None:
@@ -54,6 +56,15 @@ def test_verdicts_agree_with_outcomes() -> None:
 def test_the_converter_still_does_what_was_reviewed() -> None:
     root = Path(os.environ["ACCELIFY_REALCODE"])
     assert check(root, ROWS) == []
+    assert check(root, PROJECTS) == []
+
+
+def test_every_program_reviewed_at_first_sight_has_its_verdict_now() -> None:
+    """Project mode's rows: a script with the files given with it, each an accepted verdict."""
+    assert {r.path for r in PROJECTS} >= {r.path for r in load(FIRST_SIGHT_PROJECTS)}
+    for row in PROJECTS:
+        assert row.others and row.verdict in VERDICTS_ALLOWED, row
+        assert row.outcome in OUTCOMES and len(row.reason) > 20, row
 
 
 @pytest.mark.parametrize(
