@@ -42,6 +42,7 @@ def writes(plan: Plan) -> None:
         return
     first: list[cst.BaseStatement] = []  # the statements already going to the main process first
     guarded: list[cst.Call] = []
+    enclosed: set[int] = set()  # statements already under the guard (``with open(a), open(b):``)
     effects = list(side_effects(plan))
     fetches = [call for call, _statement, how in effects if how == "fetches"]
     for call, statement, how in effects:
@@ -63,7 +64,9 @@ def writes(plan: Plan) -> None:
         if how == "downloads":
             _first(plan, call, statement, accelerator, first)
         else:
-            _guard(plan, statement, accelerator)
+            if id(statement) not in enclosed:
+                _guard(plan, statement, accelerator)
+                enclosed.add(id(statement))
             plan.changed(call, f"{_what(call)} runs on the main process only")
             guarded.append(call)
     _report_fetches(plan, fetches, first)
@@ -257,7 +260,7 @@ def _enclose(
 
 
 def _what(call: cst.Call) -> str:
-    return "open(..., 'w')" if callee_name(call) == "open" else dotted_name(call.func) or "this"
+    return "writing with open()" if callee_name(call) == "open" else dotted_name(call.func) or "this"
 
 
 def _alone(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
