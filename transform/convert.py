@@ -422,8 +422,14 @@ _HANDED_ROLES = frozenset({Role.MODEL, Role.OPTIMIZER, Role.DATALOADER})
 
 
 def _updates_by_hand(node: cst.CSTNode) -> bool:
-    """``w -= lr * w.grad``, ``p.data -= ...`` or ``p.data.sub_(lr * p.grad)`` (d2l's ``sgd``): a
-    step computed from a gradient, or written into a parameter's ``.data``."""
+    """``w -= lr * w.grad``, ``p.data -= ...``, ``w.data = w.data - lr * w.grad`` or
+    ``p.data.sub_(lr * p.grad)`` (d2l's ``sgd``): a step computed from a gradient, or written
+    into a parameter's ``.data``."""
+    if isinstance(node, cst.Assign):
+        return _reads_grad(node.value) and any(
+            isinstance(t.target, cst.Attribute) and t.target.attr.value == "data"
+            for t in node.targets
+        )
     if isinstance(node, cst.AugAssign):
         target, value = node.target, node.value
     elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -464,7 +470,8 @@ def _no_optimizer(a: Analysis) -> str:
                 "comprehension, handed in as a parameter, or built outside this file); convert "
                 "by hand"
             )
-    if any(_updates_by_hand(update) for update in nodes(a.module, (cst.AugAssign, cst.Call))):
+    updates = nodes(a.module, (cst.Assign, cst.AugAssign, cst.Call))
+    if any(_updates_by_hand(update) for update in updates):
         return "no optimizer steps this training (it updates its parameters by hand)"
     return _GRADIENTS_ONLY
 

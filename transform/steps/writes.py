@@ -260,7 +260,9 @@ def _enclose(
 
 
 def _what(call: cst.Call) -> str:
-    return "writing with open()" if callee_name(call) == "open" else dotted_name(call.func) or "this"
+    return (
+        "writing with open()" if callee_name(call) == "open" else dotted_name(call.func) or "this"
+    )
 
 
 def _alone(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
