@@ -455,6 +455,10 @@ def child_env(settings: Settings, environ: Mapping[str, str] | None = None) -> d
         # accelerate's DeepSpeed launch appends the working folder to the module path.
         paths = [*environ.get("PYTHONPATH", "").split(os.pathsep), os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    if "PYTHONHASHSEED" not in environ:
+        # One string hash on every process and machine: a vocabulary numbered from a set of
+        # words (``enumerate(set(words))``) gives each word the same id everywhere.
+        env["PYTHONHASHSEED"] = "0"
     if settings.num_cpu_threads_per_process is not None:
         env["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
     elif "OMP_NUM_THREADS" not in environ:

@@ -40,6 +40,7 @@ def test_two_cpu_processes_all_reduce_and_see_the_accelerate_env(accel_run, flag
     assert [r["rank"] for r in ranks] == [0, 1]
     assert {r["world_size"] for r in ranks} == {2}
     assert [r["sum"] for r in ranks] == [1.0, 1.0]  # all_reduce of ranks 0 + 1
+    assert ranks[0]["words"] == ranks[1]["words"]  # one string hash: a set iterates alike
     for r in ranks:
         assert r["env"]["ACCELERATE_USE_CPU"] == "True"
         assert r["env"]["ACCELERATE_MIXED_PRECISION"] == flags[4]
@@ -164,6 +165,7 @@ def test_two_machines_on_one_host_form_one_world(accel_run_argv: list[str]) -> N
     # Machine 0 runs global rank 0, machine 1 rank 1, in one world of two.
     assert [[r["rank"] for r in results(out)] for out, _ in outputs] == [[0], [1]]
     assert {r["sum"] for out, _ in outputs for r in results(out)} == {1.0}
+    assert len({tuple(r["words"]) for out, _ in outputs for r in results(out)}) == 1
 
 
 def test_a_plain_script_on_two_processes_is_warned_about_before_it_starts(

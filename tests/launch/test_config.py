@@ -137,7 +137,7 @@ def test_child_env_uses_accelerates_names() -> None:
     settings = cfg.resolve(
         {}, {"mixed_precision": "fp16", "gpu_ids": "1", "gradient_accumulation_steps": 2}, lambda: 2
     )
-    env = cfg.child_env(settings, environ={"OMP_NUM_THREADS": "3"})
+    env = cfg.child_env(settings, environ={"OMP_NUM_THREADS": "3", "PYTHONHASHSEED": "5"})
     assert env == {
         "ACCELERATE_MIXED_PRECISION": "fp16",
         "ACCELERATE_USE_CPU": "False",
@@ -149,6 +149,12 @@ def test_child_env_uses_accelerates_names() -> None:
         "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
         "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
     }
+
+
+def test_processes_share_one_string_hash_unless_the_user_chose_one() -> None:
+    settings = cfg.resolve({}, {}, lambda: 0)
+    assert cfg.child_env(settings, environ={})["PYTHONHASHSEED"] == "0"
+    assert "PYTHONHASHSEED" not in cfg.child_env(settings, environ={"PYTHONHASHSEED": "7"})
 
 
 def test_a_sharded_backend_on_cpu_never_gets_accelerate_use_cpu() -> None:
