@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
 
 from accelify.rules.checks.metric_without_gather import GATHERS
@@ -17,7 +19,8 @@ class ShardTotal(Rule):
     ## What it does
     In a script that creates an `Accelerator`, flags `sum(... for batch in loader)` over a
     prepared `DataLoader`, and a sum accumulated in a loop over a prepared loader
-    (`total += ...`) then divided by `len(loader.dataset)`, when neither passes through
+    (`total += ...`) then divided by `len(loader.dataset)` (or `len(ds)`, the dataset the loader
+    was built over, when that name is bound once), when neither passes through
     `accelerator.gather`/`gather_for_metrics`/`reduce`.
 
     ## Why is this bad?
@@ -60,6 +63,10 @@ class ShardTotal(Rule):
         "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
         "correct = sum(model(x).argmax(1).eq(y).sum().item() for x, y in raw_loader)\n",
         "model, dl = prepare(model, dl)\ncorrect = sum(model(x).sum() for x, y in dl)\n",
+        # The name is bound twice: which dataset it measures there is not one fact.
+        "accelerator = Accelerator()\nds = make()\ndl = DataLoader(ds, batch_size=8)\n"
+        "model, dl = accelerator.prepare(model, dl)\nds = other\ntotal = 0.0\n"
+        "for x, y in dl:\n    total += model(x).sum().item()\nprint(total / len(ds))\n",
     )
     INVALID = (
         Invalid(
@@ -74,6 +81,14 @@ class ShardTotal(Rule):
             "        return sum(model(x).argmax(1).eq(y).sum().item() for x, y in loader)\n\n\n"
             "accelerator = Accelerator()\nmodel, loader = accelerator.prepare(model, loader)\n"
             "print(evaluate())\n"
+        ),
+        # The loader's dataset by its own name.
+        Invalid(
+            "accelerator = Accelerator()\ntrain_set = make()\n"
+            "train_loader = DataLoader(train_set, batch_size=8)\n"
+            "model, train_loader = accelerator.prepare(model, train_loader)\nloss_sum = 0.0\n"
+            "for x, y in train_loader:\n    loss_sum += loss_fn(model(x), y).item()\n"
+            "print(loss_sum / len(train_set))\n"
         ),
         # The function prepares something of its own, and reads the module's loader.
         Invalid(
@@ -94,7 +109,10 @@ class ShardTotal(Rule):
         # is, and the loader it names if known where it is read.
         self._sums_over: list[tuple[cst.Call, cst.BaseExpression, Where, int]] = []
         self._comprehensions: list[tuple[cst.Call, cst.BaseExpression, Where, Prepared | None]] = []
-        self._candidates: list[tuple[cst.CSTNode, str, str | None]] = []  # node, loader, sum
+        # node, loader, sum, and the dataset name divided by when it is not ``loader.dataset``
+        self._candidates: list[tuple[cst.CSTNode, str, str | None, str | None]] = []
+        self._over: dict[str, str] = {}  # loader name -> the dataset name it was built over
+        self._bindings: Counter[str] = Counter()  # how often each name is assigned
         # Loaders prepared at module level (``__main__`` blocks included), for the functions
         # defined above that read them.
         self._module_loaders: set[str] = set()
@@ -123,6 +141,14 @@ class ShardTotal(Rule):
         if self._in_gather:
             self._gathered.add(node.value)
 
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bindings.update(target_names(target.target))
+        dataset = _loader_dataset(node.value)
+        loader = node.targets[0].target if len(node.targets) == 1 else None
+        if dataset is not None and isinstance(loader, cst.Name):
+            self._over[loader.value] = dataset
+
     def leave_Assign(self, node: cst.Assign) -> None:
         call = prepare_call(node.value, self.facts)
         if call is None or self.facts.function() is not None:
@@ -148,25 +174,30 @@ class ShardTotal(Rule):
             return
         loader = self._sums[total]
         if _dataset_length(node.right) == loader.name:
-            self._candidates.append((node, loader.name, total))
+            self._candidates.append((node, loader.name, total, None))
+        elif (dataset := _length_of(node.right)) and self._over.get(loader.name) == dataset:
+            self._candidates.append((node, loader.name, total, dataset))
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self.facts.creates_accelerator:
             return
         for call, iterable, where, known in self._comprehensions:
             if known is not None and known.role is Role.DATALOADER:
-                self._candidates.append((call, known.name, None))
+                self._candidates.append((call, known.name, None, None))
             elif known is None and self._module_loader(iterable, where):
-                self._candidates.append((call, dotted_name(iterable) or "", None))
-        for found, loader, total in self._candidates:
+                self._candidates.append((call, dotted_name(iterable) or "", None, None))
+        for found, loader, total, dataset in self._candidates:
             if total is None:
                 message = f"sums over this process's shard of `{loader}` only"
             elif total.split(".", 1)[0] in self._gathered:
                 continue
+            elif dataset is not None and self._bindings[dataset] != 1:
+                continue  # which dataset the name holds where it is measured is not one fact
             else:
+                counted = f"len({dataset})" if dataset else f"len({loader}.dataset)"
                 message = (
                     f"`{total}` sums this process's shard of `{loader}` only, but "
-                    f"`len({loader}.dataset)` counts every process's"
+                    f"`{counted}` counts every process's"
                 )
             self.report(found, f"{message}; gather or reduce it across processes first")
 
@@ -220,6 +251,26 @@ def _bound_names(function: cst.FunctionDef) -> set[str]:
     found = _Bound()
     function.visit(found)
     return found.names
+
+
+def _loader_dataset(value: cst.BaseExpression) -> str | None:
+    """``ds`` for ``DataLoader(ds, ...)`` or ``DataLoader(dataset=ds, ...)``."""
+    if not isinstance(value, cst.Call) or callee_name(value) != "DataLoader" or not value.args:
+        return None
+    first = value.args[0]
+    given = first if first.keyword is None else None
+    given = given or next(
+        (a for a in value.args if a.keyword and a.keyword.value == "dataset"), None
+    )
+    return given.value.value if given and isinstance(given.value, cst.Name) else None
+
+
+def _length_of(expr: cst.BaseExpression) -> str | None:
+    """``X`` when ``expr`` is ``len(X)`` of a plain name."""
+    if isinstance(expr, cst.Call) and callee_name(expr) == "len" and len(expr.args) == 1:
+        arg = expr.args[0].value
+        return arg.value if isinstance(arg, cst.Name) else None
+    return None
 
 
 def _dataset_length(expr: cst.BaseExpression) -> str | None:

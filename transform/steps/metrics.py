@@ -9,6 +9,8 @@ part of the expression holds one value per sample is not something to guess.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
 
 from accelify.transform.analysis import Loop, key_of, mentions
@@ -93,23 +95,51 @@ def _report_dataset_averages(plan: Plan) -> None:
     divides by the whole dataset's length (on N processes it prints 1/N of the average)."""
     a = plan.analysis
     setup = plan.setup
+    over = _datasets_of_prepared_loaders(plan)
     for call, scope in plan.training_calls():
         division = a.parent(call)
         if not (
             callee_name(call) == "len"
             and len(call.args) == 1
-            and isinstance(arg := call.args[0].value, cst.Attribute)
-            and arg.attr.value == "dataset"
             and isinstance(division, cst.BinaryOperation)
             and isinstance(division.operator, cst.Divide)
             and division.right is call
         ):
             continue
-        key = key_of(arg.value)
+        arg = call.args[0].value
+        if isinstance(arg, cst.Name) and arg.value in over:  # ``len(train_set)``
+            key: str | None = over[arg.value]
+        elif isinstance(arg, cst.Attribute) and arg.attr.value == "dataset":
+            key = key_of(arg.value)
+        else:
+            continue
         found = origins(a, setup.scope, scope, key) if key is not None else set()  # type: ignore[union-attr]
+        point = setup.prepare_at  # type: ignore[union-attr]
+        if point is not None and not setup.timeline.after(point, call):  # type: ignore[union-attr]
+            continue  # the bare loader: every process read all of it
         if found and found <= setup.loaders:  # type: ignore[union-attr]
             plan.needs_human(
                 call,
                 f"divides this process's sum by the whole dataset's length: each process sees "
                 f"its shard of {key} only (gather or reduce the sum first)",
             )
+
+
+def _datasets_of_prepared_loaders(plan: Plan) -> dict[str, str]:
+    """Dataset name -> the prepared loader built over it (``DataLoader(train_set, ...)``), for
+    names bound once in the file: ``len(train_set)`` is then that loader's dataset's length."""
+    a, setup = plan.analysis, plan.setup
+    assert setup is not None
+    bound = Counter(b.key for b in a.bindings)
+    found = {}
+    for b in a.bindings:
+        if b.scope is not setup.scope or b.key not in setup.loaders:
+            continue
+        value = b.value
+        if isinstance(value, cst.Call) and callee_name(value) == "DataLoader" and value.args:
+            first = value.args[0]
+            if first.keyword is None and isinstance(first.value, cst.Name):
+                name = first.value.value
+                if bound[name] == 1 and name not in setup.scope.params:
+                    found[name] = b.key
+    return found
