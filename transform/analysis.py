@@ -533,16 +533,19 @@ def _see_through(a: Analysis, path: str) -> None:
     read and proven to yield each item of its first argument once, in order (research code's
     metric loggers): the instance is bound once in the loop's function, to a class of this file
     or of a module beside ``path``."""
+    proven: dict[tuple[str, str], bool] = {}  # (class, method): each read once per file
     for loop in a.loops:
         if not isinstance(loop.node, cst.For):
             continue
         call = loop_iterable(loop.node.iter, a.through)
-        if isinstance(call, cst.Call) and _passes_through(a, path, loop.scope, call):
+        if isinstance(call, cst.Call) and _passes_through(a, path, loop.scope, call, proven):
             a.through.add(id(call))
             _read_iterable(loop, a.through)
 
 
-def _passes_through(a: Analysis, path: str, scope: Scope, call: cst.Call) -> bool:
+def _passes_through(
+    a: Analysis, path: str, scope: Scope, call: cst.Call, proven: dict[tuple[str, str], bool]
+) -> bool:
     func = call.func
     if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and call.args):
         return False
@@ -550,10 +553,17 @@ def _passes_through(a: Analysis, path: str, scope: Scope, call: cst.Call) -> boo
     if len(built) != 1 or not isinstance(built[0], cst.Call):
         return False
     cls, method = built[0].func, func.attr.value
-    if (name := dotted_name(cls)) in a.methods:  # a class of this file
-        return class_passes_through(python_ast(a.module.code, path), name, method)
-    qualified = a.names.qualify(cls)
-    return qualified is not None and passes_through(path, qualified, method)
+    own = dotted_name(cls) in a.methods  # a class of this file
+    qualified = dotted_name(cls) if own else a.names.qualify(cls)
+    if qualified is None:
+        return False
+    if (qualified, method) not in proven:
+        proven[qualified, method] = (
+            class_passes_through(python_ast(a.module.code, path), qualified, method)
+            if own
+            else passes_through(path, qualified, method)
+        )
+    return proven[qualified, method]
 
 
 def _infer_roles(a: Analysis) -> None:

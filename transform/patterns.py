@@ -250,6 +250,22 @@ def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
     return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
 
 
+def dataset_of(call: cst.Call) -> cst.BaseExpression | None:
+    """A loader's or sampler's dataset: its first positional argument, or ``dataset=``."""
+    if call.args and call.args[0].keyword is None:
+        return call.args[0].value
+    given = keyword_arg(call, "dataset")
+    return given.value if given is not None else None
+
+
+def loader_dataset_name(value: cst.BaseExpression | None) -> str | None:
+    """``ds`` for ``DataLoader(ds, ...)`` or ``DataLoader(dataset=ds, ...)``."""
+    if not isinstance(value, cst.Call) or callee_name(value) != "DataLoader":
+        return None
+    dataset = dataset_of(value)
+    return dataset.value if isinstance(dataset, cst.Name) else None
+
+
 def disk_writer(call: cst.Call, names: Names) -> str | None:
     """The name of the writer ``call`` runs (``save_image``, ``makedirs``, ``savefig``), when it
     is one of :data:`DISK_WRITERS` from its package or a :data:`DISK_WRITER_METHODS` method."""

@@ -10,7 +10,13 @@ from accelify.rules.checks.metric_without_gather import GATHERS
 from accelify.rules.facts import Facts, Prepared, Where, prepare_call
 from accelify.rules.prepared import is_loader
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import Role, callee_name, dotted_name, target_names
+from accelify.transform.patterns import (
+    Role,
+    callee_name,
+    dotted_name,
+    loader_dataset_name,
+    target_names,
+)
 
 
 class ShardTotal(Rule):
@@ -144,7 +150,7 @@ class ShardTotal(Rule):
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             self._bindings.update(target_names(target.target))
-        dataset = _loader_dataset(node.value)
+        dataset = loader_dataset_name(node.value)
         loader = node.targets[0].target if len(node.targets) == 1 else None
         if dataset is not None and isinstance(loader, cst.Name):
             self._over[loader.value] = dataset
@@ -251,18 +257,6 @@ def _bound_names(function: cst.FunctionDef) -> set[str]:
     found = _Bound()
     function.visit(found)
     return found.names
-
-
-def _loader_dataset(value: cst.BaseExpression) -> str | None:
-    """``ds`` for ``DataLoader(ds, ...)`` or ``DataLoader(dataset=ds, ...)``."""
-    if not isinstance(value, cst.Call) or callee_name(value) != "DataLoader" or not value.args:
-        return None
-    first = value.args[0]
-    given = first if first.keyword is None else None
-    given = given or next(
-        (a for a in value.args if a.keyword and a.keyword.value == "dataset"), None
-    )
-    return given.value.value if given and isinstance(given.value, cst.Name) else None
 
 
 def _length_of(expr: cst.BaseExpression) -> str | None:

@@ -241,11 +241,11 @@ def _sampler_back(plan: Plan, marker: cst.Call, key: str | None) -> None:
             f"{key} is only evaluated, and its DistributedSampler would come back with the "
             "accelerator's process count, but the file has no `import torch` to spell it with",
         )
-    state = [cst.Module([]).code_for_node(_state(plan, marker)) for _ in range(2)]
+    state = cst.Module([]).code_for_node(_state(plan, marker))
     dataset = cst.Module([]).code_for_node(marker.args[1].value)
     sampler = cst.parse_expression(
-        f"{torch}.utils.data.DistributedSampler({dataset}, num_replicas={state[0]}.num_processes, "
-        f"rank={state[1]}.process_index, shuffle=False)"
+        f"{torch}.utils.data.DistributedSampler({dataset}, num_replicas={state}.num_processes, "
+        f"rank={state}.process_index, shuffle=False)"
     )
     plan.edits.replace(
         plan.analysis.parent(marker),  # type: ignore[arg-type]

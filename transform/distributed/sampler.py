@@ -21,7 +21,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, key_of
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import kind_of
-from accelify.transform.patterns import keyword_arg, placeholder
+from accelify.transform.patterns import dataset_of, keyword_arg, placeholder
 from accelify.transform.refusals import DDP_SAMPLER
 from accelify.transform.walk import nodes
 
@@ -138,7 +138,7 @@ def _to_plain(r: Rewrite, call: cst.Call, shuffle: cst.BaseExpression) -> None:
     """``DistributedSampler(ds, shuffle=s)`` -> ``RandomSampler(ds)`` or ``SequentialSampler(ds)``,
     spelled through the file's ``torch`` import."""
     plain = _PLAIN.get(shuffle.value) if isinstance(shuffle, cst.Name) else None
-    dataset = _dataset(call)
+    dataset = dataset_of(call)
     if plain is None or dataset is None:
         raise r.refuse(
             call,
@@ -230,21 +230,13 @@ def _give_shuffle(
 
 def _same_dataset(a: Analysis, sampler: cst.Call, loader: cst.Call) -> cst.Name | None:
     """The dataset name both calls take first, when it is bound once where they are."""
-    first = [_dataset(c) for c in (sampler, loader)]
+    first = [dataset_of(c) for c in (sampler, loader)]
     if not all(isinstance(d, cst.Name) for d in first) or len({d.value for d in first}) != 1:  # type: ignore[union-attr]
         return None
     name = first[0].value  # type: ignore[union-attr]
     scope = a.scope_of.get(id(loader))
     bound = [b for b in a.bindings if b.scope is scope and b.key == name]
     return cst.Name(name) if scope is not None and len(bound) <= 1 else None
-
-
-def _dataset(call: cst.Call) -> cst.BaseExpression | None:
-    """A sampler's or loader's dataset: its first positional argument, or ``dataset=``."""
-    if call.args and call.args[0].keyword is None:
-        return call.args[0].value
-    given = keyword_arg(call, "dataset")
-    return given.value if given is not None else None
 
 
 def _without_sampler(call: cst.Call) -> cst.Call:

@@ -14,7 +14,7 @@ from collections import Counter
 import libcst as cst
 
 from accelify.transform.analysis import Loop, key_of, mentions
-from accelify.transform.patterns import callee_name, method_call
+from accelify.transform.patterns import callee_name, loader_dataset_name, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 from accelify.transform.steps.moves import batch_names, prepared_loop
@@ -113,10 +113,10 @@ def _report_dataset_averages(plan: Plan) -> None:
             key = key_of(arg.value)
         else:
             continue
-        found = origins(a, setup.scope, scope, key) if key is not None else set()  # type: ignore[union-attr]
         point = setup.prepare_at  # type: ignore[union-attr]
         if point is not None and not setup.timeline.after(point, call):  # type: ignore[union-attr]
             continue  # the bare loader: every process read all of it
+        found = origins(a, setup.scope, scope, key) if key is not None else set()  # type: ignore[union-attr]
         if found and found <= setup.loaders:  # type: ignore[union-attr]
             plan.needs_human(
                 call,
@@ -133,13 +133,13 @@ def _datasets_of_prepared_loaders(plan: Plan) -> dict[str, str]:
     bound = Counter(b.key for b in a.bindings)
     found = {}
     for b in a.bindings:
-        if b.scope is not setup.scope or b.key not in setup.loaders:
-            continue
-        value = b.value
-        if isinstance(value, cst.Call) and callee_name(value) == "DataLoader" and value.args:
-            first = value.args[0]
-            if first.keyword is None and isinstance(first.value, cst.Name):
-                name = first.value.value
-                if bound[name] == 1 and name not in setup.scope.params:
-                    found[name] = b.key
+        name = loader_dataset_name(b.value)
+        if (
+            b.scope is setup.scope
+            and b.key in setup.loaders
+            and name is not None
+            and bound[name] == 1
+            and name not in setup.scope.params
+        ):
+            found[name] = b.key
     return found
