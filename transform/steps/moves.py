@@ -4,6 +4,10 @@
 there, so those moves are redundant on DDP and wrong under DeepSpeed/FSDP. Moves of tensors the
 script creates itself stay: they still need ``device`` (which now is ``accelerator.device``).
 Dtype casts survive: ``x.to(device, torch.float16)`` becomes ``x.to(torch.float16)``.
+
+A model the script runs before ``prepare()`` (a smoke test, an evaluation before training) needs
+its device then already, with inputs the script puts there: its move stays, made to
+``accelerator.device``, where prepare() later finds it.
 """
 
 from __future__ import annotations
@@ -49,19 +53,26 @@ def moves(plan: Plan) -> None:
     a = plan.analysis
     models = set(setup.models(a))
     travelling = _moved_elsewhere(plan, models)
+    early = _run_before_prepare(plan, models)
     for call, scope in plan.training_calls():
         move = device_move(call, a)
         if move is None:
             continue
         receiver = _receiver_key(move.func.value)  # type: ignore[union-attr]
         if receiver is not None and _prepared_model(plan, scope, receiver, move, models):
-            if not (travelling & origins(a, setup.scope, scope, receiver)) or _is_build(a, move):
+            found = origins(a, setup.scope, scope, receiver)
+            if found & early:
+                _place_model_move(plan, move, receiver)
+            elif not (travelling & found) or _is_build(a, move):
                 _drop_model_move(plan, move, receiver)
         elif receiver is not None and _is_batch(plan, move, receiver):
             _drop_batch_move(plan, move, receiver)
-        elif _is_model_build(plan, move, models):
-            plan.edits.replace(move, without_move)  # Net().to(device)
-            plan.changed(move, "model placement left to prepare()")
+        elif (built := _model_built(plan, move, models)) is not None:
+            if built & early:
+                _place_model_move(plan, move, ", ".join(sorted(built & early)))
+            else:
+                plan.edits.replace(move, without_move)  # Net().to(device)
+                plan.changed(move, "model placement left to prepare()")
     for loop in a.loops:
         if loop.scope in plan.training and prepared_loop(plan, loop):
             _drop_comprehension_moves(plan, loop)
@@ -159,16 +170,57 @@ def _receiver_key(receiver: cst.BaseExpression) -> str | None:
     return key_of(receiver)
 
 
-def _is_model_build(plan: Plan, move: cst.Call, models: set[str]) -> bool:
-    """``Net().to(device)`` assigned to the model prepare() wraps."""
+def _model_built(plan: Plan, move: cst.Call, models: set[str]) -> set[str] | None:
+    """The setup's names for the model ``Net().to(device)`` is assigned to, when prepare() wraps
+    it; None for any other move."""
     a = plan.analysis
     assign = a.parent(move)
     if not isinstance(assign, cst.Assign) or assign.value is not move:
-        return False
+        return None
     scope = a.scope_of[id(move)]
-    return any(
-        (key := key_of(t.target)) is not None and _prepared_model(plan, scope, key, move, models)
-        for t in assign.targets
+    keys = [key_of(t.target) for t in assign.targets]
+    built = [k for k in keys if k is not None and _prepared_model(plan, scope, k, move, models)]
+    if not built:
+        return None
+    return {o for k in built for o in origins(a, plan.setup.scope, scope, k)}  # type: ignore[union-attr]
+
+
+_RUNS = ("forward", "generate")
+
+
+def _run_before_prepare(plan: Plan, models: set[str]) -> set[str]:
+    """Prepared models the script runs (``model(x)``, ``model.forward``/``generate``) at a point
+    that comes before prepare(): directly, or in a function called from there."""
+    setup = plan.setup
+    a = plan.analysis
+    if setup is None or setup.prepare_at is None:
+        return set()
+    out: set[str] = set()
+    for call, scope in a.calls:
+        method = method_call(call, *_RUNS)
+        key = key_of(method.func.value if method is not None else call.func)  # type: ignore[union-attr]
+        if key is None or not setup.timeline.anchors(call):
+            continue  # runs only after the setup, or from nowhere this file shows
+        found = origins(a, setup.scope, scope, key) & models
+        if found and not setup.timeline.after(setup.prepare_at, call):
+            out |= found
+    return out
+
+
+def _place_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
+    """``model.cuda()`` / ``model.to(device, ...)`` -> ``model.to(accelerator.device, ...)``."""
+    device = cst.Arg(cst.Attribute(plan.accelerator(move), cst.Name("device")))  # type: ignore[arg-type]
+
+    def placed(node: cst.Call) -> cst.Call:
+        kept = node.args[1:] if node.func.attr.value == "to" else ()  # type: ignore[union-attr]
+        kept = [arg for arg in kept if not (arg.keyword and arg.keyword.value == "non_blocking")]
+        func = node.func.with_changes(attr=cst.Name("to"))  # type: ignore[union-attr]
+        return node.with_changes(func=func, args=[device, *kept])
+
+    plan.edits.replace(move, placed)
+    plan.changed(
+        move,
+        f"{receiver} runs before prepare(): moved to accelerator.device, where prepare() finds it",
     )
 
 
