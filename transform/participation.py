@@ -3,8 +3,9 @@
 DistributedDataParallel reduces gradients bucket by bucket and waits for every parameter it
 wraps; a parameter that gets no gradient in a step (the auxiliary head of ``validity, _ = D(x)``,
 InfoGAN's code head in the generator's step, a head the file's model class builds and its
-``forward`` never calls) stops it with "Expected to have finished reduction in the prior
-iteration" at the next one, unless it was told to look for unused parameters.
+``forward`` never calls, layers whose output the forward cuts off the graph with ``.data``)
+stops it with "Expected to have finished reduction in the prior iteration" at the next one,
+unless it was told to look for unused parameters.
 """
 
 from __future__ import annotations
@@ -112,6 +113,44 @@ def random_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
                 found[model] = control
                 break
     return found
+
+
+def cut_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
+    """Prepared model -> a ``.data`` or ``.detach()`` in its class's methods, or in those of the
+    file's model classes it builds in (``torch.cat((x, h.cpu().data))``): what feeds the cut
+    value trains no further, so layers that only feed it may get no gradient."""
+    found: dict[str, cst.CSTNode] = {}
+    for model, cls in _built_models(a, setup):
+        cut = _cut_in(a, cls, set())
+        if cut is not None:
+            found[model] = cut
+    return found
+
+
+def _cut_in(a: Analysis, cls: str, seen: set[str]) -> cst.CSTNode | None:
+    if cls in seen or cls not in a.methods:
+        return None
+    seen.add(cls)
+    for method in a.methods[cls].values():
+        for node in nodes(method.node, cst.Attribute):
+            if _detaches(a, node):
+                return node
+    init = a.methods[cls].get("__init__")
+    for stmt in init.body if init is not None else ():
+        built = _built_submodule(a, stmt)
+        if built is not None and (inner := _cut_in(a, built[1], seen)) is not None:
+            return inner
+    return None
+
+
+def _detaches(a: Analysis, node: cst.Attribute) -> bool:
+    """``x.data`` read (not ``p.data = ...`` written) or ``x.detach()``/``x.detach_()``."""
+    parent = a.parent(node)
+    if node.attr.value in ("detach", "detach_"):
+        return isinstance(parent, cst.Call) and parent.func is node
+    if node.attr.value != "data":
+        return False
+    return not (isinstance(parent, cst.AssignTarget) and parent.target is node)
 
 
 def _attached_idle(a: Analysis, setup: Setup, model: str, cls: str) -> cst.Attribute | None:

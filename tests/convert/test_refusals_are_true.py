@@ -177,7 +177,13 @@ def test_refused_control_flow_would_break_the_all_reduce(case: str, tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case", ["discarded_output", "head_attached_from_outside", "layers_of_random_depth"]
+    "case",
+    [
+        "discarded_output",
+        "head_attached_from_outside",
+        "layers_of_random_depth",
+        "feature_cut_off_the_graph",
+    ],
 )
 def test_parameters_without_gradients_need_unused_parameters(case: str, tmp_path: Path) -> None:
     source = (SOUND / f"{case}.in.py").read_text()

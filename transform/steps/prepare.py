@@ -13,7 +13,12 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
-from accelify.transform.participation import idle_submodules, partly_used, random_layers
+from accelify.transform.participation import (
+    cut_layers,
+    idle_submodules,
+    partly_used,
+    random_layers,
+)
 from accelify.transform.patterns import (
     RANK_NAMES,
     Role,
@@ -74,8 +79,11 @@ def prepare(plan: Plan) -> None:
     discarded = partly_used(plan.analysis, setup)
     idle = idle_submodules(plan.analysis, setup)
     drawn = random_layers(plan.analysis, setup)
-    if setup.partly_trained or discarded or idle or drawn:
-        _unused_parameters(plan, sorted(setup.partly_trained), discarded, idle, drawn)
+    cut = cut_layers(plan.analysis, setup)
+    if setup.partly_trained or discarded or idle or drawn or cut:
+        _unused_parameters(
+            plan, sorted(setup.partly_trained), discarded=discarded, idle=idle, drawn=drawn, cut=cut
+        )
     by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
     for node, reason in setup.unsharded:
         if by_rank:  # as accel-lint's ACL211, which stays quiet there
@@ -105,14 +113,17 @@ def _reads_rank(a: Analysis) -> bool:
 def _unused_parameters(
     plan: Plan,
     models: list[str],
+    *,
     discarded: dict[str, cst.Call],
     idle: dict[str, cst.Attribute],
     drawn: dict[str, cst.CSTNode],
+    cut: dict[str, cst.CSTNode],
 ) -> None:
     """The optimizer trains part of a model (``encoder.fc.parameters()``), a training step
     discards some of a model's outputs (``validity, _ = D(x)``), a model's class builds a
-    submodule nothing calls, or its forward draws how often it uses a layer: some parameters
-    get no gradient, which DistributedDataParallel stops on unless it is told to expect it."""
+    submodule nothing calls, draws how often its forward uses a layer, or cuts a value off the
+    graph: some parameters may get no gradient, which DistributedDataParallel stops on unless it
+    is told to expect it."""
     handler = cst.parse_expression("[DistributedDataParallelKwargs(find_unused_parameters=True)]")
     plan.accelerator_kwargs["kwargs_handlers"] = handler
     plan.imports.add("DistributedDataParallelKwargs")
@@ -145,6 +156,12 @@ def _unused_parameters(
             f"{model}'s forward uses the layers under this a random number of times, so a step "
             f"that draws none leaves their parameters without a gradient: {expect} "
             "(find_unused_parameters=True)",
+        )
+    for model, node in cut.items():
+        plan.changed(
+            node,
+            f"{model}'s class cuts a value off the graph here, so parameters that only feed it "
+            f"may get no gradient: {expect} (find_unused_parameters=True)",
         )
 
 
