@@ -96,6 +96,7 @@ class Loop:
 @dataclass
 class Analysis:
     module: cst.Module
+    path: str = "<string>"  # where the file is: the modules beside it may be read
     names: Names = field(default_factory=Names)
     scopes: list[Scope] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
@@ -348,7 +349,7 @@ class _KeyFinder(Visitor):
 def analyse(module: cst.Module, path: str = "<string>") -> Analysis:
     """The facts every step and rule reads; ``path`` locates the modules beside the file (its
     classes' methods may be read, never run)."""
-    analysis = Analysis(module)
+    analysis = Analysis(module, path)
     walk(module, _Collector(analysis))
     _see_through(analysis, path)
     _infer_roles(analysis)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from accelify.transform.sources import SourceError, python_ast, read
+from accelify.transform.trackers import tracked_run
 
 FETCHES = frozenset(
     {"urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "extractall"}
@@ -238,3 +239,51 @@ def _fetches(call: ast.Call) -> bool:
         for k in call.keywords
     )
     return download or _callee(call) in FETCHES
+
+
+def opened_run(path: str, qualified: str) -> str | None:
+    """What run the class ``qualified`` (``logger.Logger``), in a module beside ``path``, opens
+    as it is built, named by it (``Logger (a tensorflow.summary.FileWriter)``): a project's own
+    logger that wraps TensorBoard's or wandb's (``self.writer = tf.summary.FileWriter(log_dir)``
+    in its ``__init__``) opens one per process, as they do."""
+    module, _, name = qualified.lstrip(".").rpartition(".")
+    tree = _parse(_module_file(Path(path).parent, module)) if module else None
+    if tree is None:
+        return None
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    body = classes[0].body if len(classes) == 1 else []
+    init = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    imported = _imported(tree)
+    for call in _calls(init[0]) if init else ():
+        dotted = _dotted(call.func)
+        if dotted is None:
+            continue
+        head, _, rest = dotted.partition(".")
+        qualified = ".".join(filter(None, (imported.get(head, head), rest)))
+        if tracked_run(qualified) is not None:
+            return f"{name} (a {qualified})"
+    return None
+
+
+def _imported(tree: ast.Module) -> dict[str, str]:
+    """Top-level ``import a.b as c`` / ``from a import b as c``: local name -> qualified."""
+    out: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    out[alias.asname] = alias.name
+                else:
+                    out[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return out
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and (inner := _dotted(node.value)) is not None:
+        return f"{inner}.{node.attr}"
+    return None

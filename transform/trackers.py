@@ -29,6 +29,7 @@ TRACKING = (
     "pytorch_lightning",
     "tensorboard",
     "tensorboardX",
+    "tensorflow.summary",
     "torch.utils.tensorboard",
     "wandb",
 )
@@ -43,11 +44,19 @@ def opens_a_run(names: Names, call: cst.Call) -> str | None:
     if dotted is None:
         return None
     qualified = names.qualify(call.func)
-    if (qualified or dotted) == "wandb.init":
-        return "wandb run"
-    last = dotted.rsplit(".", 1)[-1]
-    if not last.endswith(LOGGERS) or last == "getLogger":
-        return None
     if qualified is None and "." not in dotted:
-        return None if dotted in names.defined else last
-    return last if (qualified or dotted).startswith(tuple(f"{p}." for p in TRACKING)) else None
+        return None if dotted in names.defined or not _logger(dotted) else dotted
+    return tracked_run(qualified or dotted)
+
+
+def tracked_run(qualified: str) -> str | None:
+    """What run the call of ``qualified`` (``torch.utils.tensorboard.SummaryWriter``) opens."""
+    if qualified == "wandb.init":
+        return "wandb run"
+    last = qualified.rsplit(".", 1)[-1]
+    tracking = qualified.startswith(tuple(f"{p}." for p in TRACKING))
+    return last if tracking and _logger(last) else None
+
+
+def _logger(name: str) -> bool:
+    return name.endswith(LOGGERS) and name != "getLogger"

@@ -225,3 +225,71 @@ def test_a_logger_not_shown_to_hand_on_the_batches_leaves_the_loader_unprepared(
         "accelerator.prepare(model, optimizer)"
         in convert(twice, path=_logger(tmp_path, LOGGER)).code
     )
+
+
+TRACKING_LOGGER = """
+import numpy as np
+import tensorflow as tf
+from torch.utils.tensorboard import SummaryWriter as Board
+
+class Logger(object):
+    def __init__(self, log_dir):
+        self.writer = {writer}
+
+    def scalar_summary(self, tag, value, step):
+        self.writer.add_summary(tf.Summary(), step)
+
+class Meter:
+    def __init__(self):
+        self.values = np.zeros(3)
+"""
+
+LOGGING = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from logger import Logger, Meter
+
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=2)
+logger = Logger("./logs")
+meter = Meter()
+for step, (x, y) in enumerate(loader):
+    optimizer.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    logger.scalar_summary("loss", loss.item(), step)
+"""
+
+
+@pytest.mark.parametrize(
+    ("writer", "opened", "inside"),
+    [
+        (
+            "tf.summary.FileWriter(log_dir)",
+            "Logger (a tensorflow.summary.FileWriter)",
+            "FileWriter",
+        ),
+        ("Board(log_dir)", "Logger (a torch.utils.tensorboard.SummaryWriter)", "SummaryWriter"),
+        ("open(log_dir)", None, None),
+    ],
+)
+def test_a_project_logger_that_opens_a_tracking_writer_is_reported_on_every_process(
+    tmp_path: Path, writer: str, opened: str | None, inside: str | None
+) -> None:
+    """Research code's own MetricLogger opens nothing; a Logger that builds TensorBoard's writer
+    opens one event file per process, as the writer itself would."""
+    (tmp_path / "logger.py").write_text(TRACKING_LOGGER.format(writer=writer))
+    result = convert(LOGGING, path=_script(tmp_path))
+    assert "accelerator.prepare(model, optimizer, loader)" in result.code
+    found = [(n.line, n.message) for n in result.manual if "opens its own" in n.message]
+    told = "here: open it, and log, on the main process only (if accelerator.is_main_process:)"
+    assert found == ([(9, f"every process opens its own {opened} {told}")] if opened else [])
+    # The same class in the script itself: its __init__ runs from the training, where the
+    # writer it builds is reported.
+    inline = LOGGING.replace("from logger import Logger, Meter\n", "").replace(
+        "import torch\n", TRACKING_LOGGER.format(writer=writer) + "import torch\n", 1
+    )
+    inner = [(n.line, n.message) for n in convert(inline).manual if "opens its own" in n.message]
+    assert inner == ([(9, f"every process opens its own {inside} {told}")] if inside else [])
