@@ -39,7 +39,16 @@ FIRST_SIGHT_PROJECTS = HERE / "first_sight_projects.csv"
 # PyTorch-Mini-Tutorials, attention-is-all-you-need, Pytorch-UNet, SimCLR, sgrvinod's two
 # tutorials), at 37d45c3: 45 files. Faults not fixed yet have no row in VERDICTS.
 FIRST_SIGHT_PLAIN = HERE / "first_sight_plain.csv"
-FIRST_SIGHTS = (FIRST_SIGHT, FIRST_SIGHT_LLM, FIRST_SIGHT_PROJECTS, FIRST_SIGHT_PLAIN)
+# Three more repositories of plain scripts (Kind-PyTorch-Tutorial, pytorch-book,
+# Text-Classification-Pytorch), at 788aaef: 21 files.
+FIRST_SIGHT_PLAIN_2 = HERE / "first_sight_plain_2.csv"
+FIRST_SIGHTS = (
+    FIRST_SIGHT,
+    FIRST_SIGHT_LLM,
+    FIRST_SIGHT_PROJECTS,
+    FIRST_SIGHT_PLAIN,
+    FIRST_SIGHT_PLAIN_2,
+)
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
 # ``accel-convert .`` run there).
