@@ -126,9 +126,10 @@ CLOSURE = Refusal(
     "ACR201",
     "closure",
     "the optimizer steps with a closure",
-    "`LBFGS` and any `optimizer.step(closure)` re-evaluate the model inside the step. The "
-    "prepared optimizer cannot run that closure through the accelerator's backward, so the "
-    "setup is left as it is.",
+    "`LBFGS` and any `optimizer.step(closure)` re-evaluate the model inside the step, as often "
+    "as the optimizer asks. accel-convert does not rewrite that step (the backward inside the "
+    "closure, what gradient accumulation would mean across its calls), so the setup is left as "
+    "it is. The prepared optimizer itself passes a closure on (not under fp16 mixed precision).",
     "optimizer = torch.optim.LBFGS(model.parameters())\n\n"
     "def closure():\n    optimizer.zero_grad()\n    loss = criterion(model(x), y)\n"
     "    loss.backward()\n    return loss\n\noptimizer.step(closure)",

@@ -280,7 +280,12 @@ def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
                 call, HAND_PICKED_DEVICE, "the script picks its GPU by hand (torch.cuda.set_device)"
             )
         if name in CLOSURE_OPTIMIZERS:
-            raise Refused(call, CLOSURE, f"{name} needs a closure, which prepare() cannot wrap")
+            raise Refused(
+                call,
+                CLOSURE,
+                f"{name} steps with a closure, which accel-convert does not rewrite (its backward "
+                "runs inside the step): convert it by hand",
+            )
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
         if (
             name == "step"
