@@ -1,8 +1,9 @@
 """Which constructor opens an experiment run of its own: what the converter reports and the
 linter flags (ACL105) when every process runs it.
 
-``wandb.init`` and the ``...Logger``/``...Writer`` classes of the experiment-tracking libraries
-each open a run (an event file, a tracked run), so N processes open N. A logger the project writes
+``wandb.init``, ``visdom.Visdom`` and the ``...Logger``/``...Writer`` classes of the
+experiment-tracking libraries each open a run (an event file, a tracked run, a plot stream), so N
+processes open N. A logger the project writes
 itself is not known to: research code's ``MetricLogger`` wraps the data loader and all-reduces
 its meters, and putting it on the main process only would leave the other processes out of that
 collective (a hang) and out of their data.
@@ -49,10 +50,14 @@ def opens_a_run(names: Names, call: cst.Call) -> str | None:
     return tracked_run(qualified or dotted)
 
 
+# Calls that open a run whatever their name says.
+OPENERS = {"wandb.init": "wandb run", "visdom.Visdom": "visdom connection"}
+
+
 def tracked_run(qualified: str) -> str | None:
     """What run the call of ``qualified`` (``torch.utils.tensorboard.SummaryWriter``) opens."""
-    if qualified == "wandb.init":
-        return "wandb run"
+    if qualified in OPENERS:
+        return OPENERS[qualified]
     last = qualified.rsplit(".", 1)[-1]
     tracking = qualified.startswith(tuple(f"{p}." for p in TRACKING))
     return last if tracking and _logger(last) else None

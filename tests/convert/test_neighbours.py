@@ -230,6 +230,7 @@ def test_a_logger_not_shown_to_hand_on_the_batches_leaves_the_loader_unprepared(
 TRACKING_LOGGER = """
 import numpy as np
 import tensorflow as tf
+import visdom
 from torch.utils.tensorboard import SummaryWriter as Board
 
 class Logger(object):
@@ -272,6 +273,7 @@ for step, (x, y) in enumerate(loader):
             "FileWriter",
         ),
         ("Board(log_dir)", "Logger (a torch.utils.tensorboard.SummaryWriter)", "SummaryWriter"),
+        ("visdom.Visdom(env=log_dir)", "Logger (a visdom.Visdom)", "visdom connection"),
         ("open(log_dir)", None, None),
     ],
 )
@@ -292,4 +294,4 @@ def test_a_project_logger_that_opens_a_tracking_writer_is_reported_on_every_proc
         "import torch\n", TRACKING_LOGGER.format(writer=writer) + "import torch\n", 1
     )
     inner = [(n.line, n.message) for n in convert(inline).manual if "opens its own" in n.message]
-    assert inner == ([(9, f"every process opens its own {inside} {told}")] if inside else [])
+    assert inner == ([(10, f"every process opens its own {inside} {told}")] if inside else [])
