@@ -682,7 +682,7 @@ def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
             role = Role.MODEL
         if role is None and name in CLOSURE_OPTIMIZERS:
             role = Role.OPTIMIZER
-        if role is None and is_device(b.value, by_name=False):
+        if role is None and is_device(b.value, by_name=False, names=a.names):
             role = Role.DEVICE
         if role is not None:
             give(b.scope, b.key, role)
@@ -697,7 +697,8 @@ def _roles_from_usage(a: Analysis, give: _RoleGiver) -> None:
                 give(scope, key, Role.MODEL)
     for loop in a.loops:
         key = loop.iterable
-        if key is not None and (loop.trains or "loader" in key.lower()):
+        trained = key is not None and (loop.trains or "loader" in key.lower())
+        if trained and not _a_range(a, loop.scope, key):  # ``epochs = range(n)``: no data
             give(loop.scope, key, Role.DATALOADER)
     for call, scope in a.calls:
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
@@ -713,6 +714,18 @@ def _roles_from_usage(a: Analysis, give: _RoleGiver) -> None:
             give(scope, key, Role.MODEL)  # a bare ``x.to(device)`` only makes sense on a module
         elif method in {"train", "eval"} and not call.args and isinstance(a.parent(call), cst.Expr):
             give(scope, key, Role.MODEL)  # ``model.train()``: only modules switch modes
+
+
+def _a_range(a: Analysis, scope: Scope, key: str) -> bool:
+    """Whether ``key`` is bound in ``scope`` only to the builtin ``range(...)``."""
+    values = [b.value for b in a.bindings if b.scope is scope and b.key == key]
+    return bool(values) and all(
+        isinstance(v, cst.Call)
+        and dotted_name(v.func) == "range"
+        and a.names.qualify(v.func) is None
+        and "range" not in a.names.defined
+        for v in values
+    )
 
 
 _PARAMETERS = ("parameters", "named_parameters")

@@ -140,20 +140,32 @@ def returned_shards(mark: cst.Call) -> bool:
     )
 
 
-def is_device(expr: cst.BaseExpression, *, by_name: bool = True) -> bool:
+def is_device(
+    expr: cst.BaseExpression, *, by_name: bool = True, names: Names | None = None
+) -> bool:
     """``"cuda:0"``, ``torch.device(...)``, a choice between them, or (``by_name``) a name such as
-    ``device``/``accelerator.device``: clearly a device."""
+    ``device``/``accelerator.device``: clearly a device. With the file's ``names``, torch under
+    another name counts too (``t.device("cuda")`` after ``import torch as t``)."""
     if isinstance(expr, cst.SimpleString):
         value = expr.evaluated_value
         return isinstance(value, str) and value.split(":")[0] in _DEVICE_TYPES
     if isinstance(expr, cst.IfExp):
-        return is_device(expr.body, by_name=by_name) and is_device(expr.orelse, by_name=by_name)
+        return is_device(expr.body, by_name=by_name, names=names) and is_device(
+            expr.orelse, by_name=by_name, names=names
+        )
     if isinstance(expr, cst.Call):
-        return dotted_name(expr.func) in _DEVICE_CALLS
+        return device_call(expr.func, names)
     if isinstance(expr, cst.Attribute) and expr.attr.value == "type":
-        return isinstance(expr.value, cst.Call) and dotted_name(expr.value.func) in _DEVICE_CALLS
+        return isinstance(expr.value, cst.Call) and device_call(expr.value.func, names)
     name = dotted_name(expr) if by_name else None
     return name is not None and "device" in name.rsplit(".", 1)[-1].lower()
+
+
+def device_call(func: cst.BaseExpression, names: Names | None = None) -> bool:
+    """``torch.device`` (or ``t.device`` where ``names`` says ``t`` is torch)."""
+    if dotted_name(func) in _DEVICE_CALLS:
+        return True
+    return names is not None and names.qualify(func) in _DEVICE_CALLS
 
 
 def device_move(

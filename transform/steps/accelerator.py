@@ -176,7 +176,9 @@ def picks_device(a: Analysis) -> bool:
         if method_call(call, "cuda") is not None or device_move(call, a) is not None:
             return True
         device = keyword_arg(call, "device")
-        if device is not None and (is_device(device.value) or _holds_device(a, scope, device)):
+        if device is not None and (
+            is_device(device.value, names=a.names) or _holds_device(a, scope, device)
+        ):
             return True
     return False
 

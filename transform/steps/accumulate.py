@@ -139,10 +139,14 @@ def _trains_directly(plan: Plan, loop: Loop) -> bool:
 
 
 def _step_if(plan: Plan, loop: Loop) -> cst.If | None:
-    """The ``if <counter> % N == 0: ... optimizer.step() ...`` among the loop's statements."""
+    """The ``if <counter> % N == 0: ... optimizer.step() ...`` among the loop's statements. A
+    branch that also holds the backward trains every N-th batch, accumulating nothing (a GAN's
+    ``if ii % d_every == 0:`` discriminator step)."""
     a = plan.analysis
     for statement in loop.node.body.body:  # type: ignore[attr-defined]
         if not isinstance(statement, cst.If) or _modulo(statement.test) is None:
+            continue
+        if any(a.contains(statement, call) for call, _scope, _loop in a.backward_calls):
             continue
         for call, scope in a.calls:
             if a.contains(statement, call) and method_call(call, "step") is not None:

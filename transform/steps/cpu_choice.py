@@ -15,11 +15,9 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, mentions
-from accelify.transform.patterns import Role, dotted_name, is_device
+from accelify.transform.patterns import Role, device_call, dotted_name, is_device
 from accelify.transform.plan import Plan
 from accelify.transform.steps.device import device_chain
-
-_DEVICE = frozenset({"torch.device", "device"})
 
 
 def cpu_choice(plan: Plan) -> None:
@@ -45,7 +43,7 @@ def cpu_choice(plan: Plan) -> None:
         if _availability_only(a, condition, bindings[0]):
             return
         flag = condition if cpu_when_true else _negated(a, condition)
-    elif len(bindings) == 1 and bindings[0].value is not None and _is_cpu(bindings[0].value):
+    elif len(bindings) == 1 and bindings[0].value is not None and _is_cpu(a, bindings[0].value):
         flag = cst.Name("True")  # ``device = "cpu"``: the script runs on the CPU, wherever it is
     else:
         return
@@ -60,7 +58,7 @@ def _condition(a: Analysis, bindings: list[Binding]) -> tuple[cst.BaseExpression
         if isinstance(value, cst.Call) and len(value.args) == 1:  # torch.device(<choice>)
             value = value.args[0].value
         if isinstance(value, cst.IfExp):
-            return _sides(value.test, value.body, value.orelse)
+            return _sides(a, value.test, value.body, value.orelse)
         return None
     chain = device_chain(a, bindings[0])
     if len(bindings) != 2 or chain is None or not isinstance(chain.orelse, cst.Else):
@@ -69,23 +67,26 @@ def _condition(a: Analysis, bindings: list[Binding]) -> tuple[cst.BaseExpression
     inside = a.contains(chain.body, bindings[0].node) and a.contains(chain.orelse, bindings[1].node)
     if not inside:
         return None
-    return _sides(chain.test, first, second)  # type: ignore[arg-type]
+    return _sides(a, chain.test, first, second)  # type: ignore[arg-type]
 
 
 def _sides(
-    test: cst.BaseExpression, when_true: cst.BaseExpression, when_false: cst.BaseExpression
+    a: Analysis,
+    test: cst.BaseExpression,
+    when_true: cst.BaseExpression,
+    when_false: cst.BaseExpression,
 ) -> tuple[cst.BaseExpression, bool] | None:
-    cpu = (_is_cpu(when_true), _is_cpu(when_false))
-    if cpu == (False, True) and is_device(when_true, by_name=False):
+    cpu = (_is_cpu(a, when_true), _is_cpu(a, when_false))
+    if cpu == (False, True) and is_device(when_true, by_name=False, names=a.names):
         return test, False
-    if cpu == (True, False) and is_device(when_false, by_name=False):
+    if cpu == (True, False) and is_device(when_false, by_name=False, names=a.names):
         return test, True
     return None
 
 
-def _is_cpu(value: cst.BaseExpression) -> bool:
+def _is_cpu(a: Analysis, value: cst.BaseExpression) -> bool:
     """``"cpu"`` or ``torch.device("cpu")``."""
-    if isinstance(value, cst.Call) and len(value.args) == 1 and dotted_name(value.func) in _DEVICE:
+    if isinstance(value, cst.Call) and len(value.args) == 1 and device_call(value.func, a.names):
         value = value.args[0].value
     return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
 

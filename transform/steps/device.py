@@ -196,10 +196,10 @@ def device_chain(a: Analysis, binding: Binding) -> cst.If | None:
     top: cst.CSTNode | None = a.enclosing(binding.node, cst.If)
     while isinstance(a.parent(top), cst.If):  # an ``elif`` hangs off the ``if`` above it
         top = a.parent(top)
-    return top if isinstance(top, cst.If) and _only_sets(top, binding.key) else None
+    return top if isinstance(top, cst.If) and _only_sets(a, top, binding.key) else None
 
 
-def _only_sets(branch: cst.If | cst.Else | None, key: str) -> bool:
+def _only_sets(a: Analysis, branch: cst.If | cst.Else | None, key: str) -> bool:
     if branch is None:
         return False  # without an else the name may stay unset
     body = branch.body.body
@@ -210,6 +210,6 @@ def _only_sets(branch: cst.If | cst.Else | None, key: str) -> bool:
         and isinstance(assign := body[0].body[0], cst.Assign)
         and len(assign.targets) == 1
         and key_of(assign.targets[0].target) == key
-        and is_device(assign.value, by_name=False)
+        and is_device(assign.value, by_name=False, names=a.names)
     )
-    return ok and (isinstance(branch, cst.Else) or _only_sets(branch.orelse, key))
+    return ok and (isinstance(branch, cst.Else) or _only_sets(a, branch.orelse, key))

@@ -27,7 +27,7 @@ def device_move(call: cst.CSTNode, a: Analysis) -> cst.Call | None:
 
     def known_device(expr: cst.BaseExpression) -> bool:
         key = key_of(expr)
-        return is_device(expr) or (
+        return is_device(expr, names=a.names) or (
             key is not None and a.role(a.scope_of[id(call)], key) is Role.DEVICE
         )
 
