@@ -18,7 +18,9 @@ class AccumulateMissing(Rule):
     ## What it does
     Flags `Accelerator(gradient_accumulation_steps=N)` (N not 1) in a script that never enters
     `accelerator.accumulate(model)`, and a manual `if (step + 1) % N == 0: optimizer.step()` in a
-    script that creates an `Accelerator` but does not use `accumulate()`.
+    script that creates an `Accelerator` but does not use `accumulate()`. A modulo branch that
+    holds the backward too trains every N-th batch (a GAN's generator step) and accumulates
+    nothing: it is left alone.
 
     ## Why is this bad?
     Without `accumulate()`, `gradient_accumulation_steps` still divides every loss by N but the
@@ -64,6 +66,9 @@ class AccumulateMissing(Rule):
         "        optimizer.step()  # no Accelerator",
         "accelerator = Accelerator()\nfor i, b in enumerate(dl):\n    if i % 100 == 0:\n"
         "        print(i)",
+        # A GAN's generator trained every third batch: its backward is in the branch too.
+        "accelerator = Accelerator()\nfor i, b in enumerate(dl):\n    if i % 3 == 0:\n"
+        "        accelerator.backward(g_loss(b))\n        opt_g.step()",
         # Syncs by hand: `no_sync` taken as a context factory, not called where it is named.
         "def main():\n    accelerator = Accelerator(gradient_accumulation_steps=accum)\n"
         "    for update in range(steps):\n        for i, batch in enumerate(micro_batches):\n"
@@ -104,6 +109,8 @@ class AccumulateMissing(Rule):
         self._steps_asked: list[cst.Arg] = []
         self._manual: list[cst.BaseExpression] = []
         self._modulo_ifs: list[cst.If] = []
+        # Modulo branches that hold a backward train every N-th batch: no accumulation.
+        self._every_nth: set[int] = set()
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value in _ACCUMULATION_APIS:
@@ -121,6 +128,7 @@ class AccumulateMissing(Rule):
                 self._steps_asked.append(steps)
         elif name == "backward":
             self._trains = True
+            self._every_nth.update(id(branch.test) for branch in self._modulo_ifs)
         elif name == "step" and isinstance(node.func, cst.Attribute):
             receiver = node.func.value
             role = self.facts.role(receiver) or name_role(dotted_name(receiver))
@@ -148,7 +156,7 @@ class AccumulateMissing(Rule):
                 "is divided but the optimizer steps every batch",
             )
         if self.facts.creates_accelerator:
-            for test in self._manual:
+            for test in (t for t in self._manual if id(t) not in self._every_nth):
                 self.report(
                     test,
                     "manual gradient accumulation all-reduces gradients on every batch, and "
