@@ -212,8 +212,10 @@ def _place_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
     device = cst.Arg(cst.Attribute(plan.accelerator(move), cst.Name("device")))  # type: ignore[arg-type]
 
     def placed(node: cst.Call) -> cst.Call:
-        kept = node.args[1:] if node.func.attr.value == "to" else ()  # type: ignore[union-attr]
-        kept = [arg for arg in kept if not (arg.keyword and arg.keyword.value == "non_blocking")]
+        args = list(node.args) if node.func.attr.value == "to" else []  # type: ignore[union-attr]
+        named = [arg for arg in args if _keyword(arg) == "device"]
+        old = named[0] if named else args[0] if args else None  # ``.to(device=d)`` or ``.to(d)``
+        kept = [arg for arg in args if arg is not old and _keyword(arg) != "non_blocking"]
         func = node.func.with_changes(attr=cst.Name("to"))  # type: ignore[union-attr]
         return node.with_changes(func=func, args=[device, *kept])
 
@@ -222,6 +224,10 @@ def _place_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
         move,
         f"{receiver} runs before prepare(): moved to accelerator.device, where prepare() finds it",
     )
+
+
+def _keyword(arg: cst.Arg) -> str | None:
+    return arg.keyword.value if arg.keyword is not None else None
 
 
 def _drop_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
