@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from accelify.transform.sources import SourceError, python_ast, read
 from accelify.transform.trackers import tracked_run
@@ -46,19 +47,14 @@ def assigned_attributes(path: str, qualified: str) -> frozenset[str] | None:
     """The attributes the function ``qualified`` (``util.misc.init_distributed_mode``), in a
     module beside ``path``, sets on its first parameter (``args.rank = ...``); None when it
     cannot be read."""
-    module, _, function = qualified.lstrip(".").rpartition(".")
-    tree = _parse(_module_file(Path(path).parent, module)) if module else None
-    found = [
-        node
-        for node in (tree.body if tree is not None else ())
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function
-    ]
-    if len(found) != 1 or not found[0].args.args:
+    tree, function = _beside(path, qualified)
+    found = _defined_in(tree, function, ast.FunctionDef | ast.AsyncFunctionDef)
+    if found is None or not found.args.args:
         return None
-    first = found[0].args.args[0].arg
+    first = found.args.args[0].arg
     return frozenset(
         target.attr
-        for node in ast.walk(found[0])
+        for node in ast.walk(found)
         for target in _targets(node)
         if isinstance(target, ast.Attribute)
         and isinstance(target.value, ast.Name)
@@ -78,20 +74,35 @@ def passes_through(path: str, qualified: str, method: str) -> bool:
     """Whether ``method`` of the class ``qualified`` (``util.misc.MetricLogger``), in a module
     beside ``path``, hands a loop each item of its first argument, once and in order: research
     code's ``metric_logger.log_every(data_loader, ...)`` is the loader's own batches."""
-    module, _, name = qualified.lstrip(".").rpartition(".")
-    tree = _parse(_module_file(Path(path).parent, module)) if module else None
+    tree, name = _beside(path, qualified)
     return tree is not None and class_passes_through(tree, name, method)
 
 
 def class_passes_through(tree: ast.Module, name: str, method: str) -> bool:
     """:func:`passes_through` for the top-level class ``name`` of ``tree``."""
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
-    if len(classes) != 1 or classes[0].decorator_list:
+    cls = _defined_in(tree, name, ast.ClassDef)
+    if cls is None or cls.decorator_list:
         return False
-    if [ast.unparse(base) for base in classes[0].bases] not in ([], ["object"]):
+    if [ast.unparse(base) for base in cls.bases] not in ([], ["object"]):
         return False  # an inherited method is not the one read here
-    found = [n for n in classes[0].body if isinstance(n, ast.FunctionDef) and n.name == method]
+    found = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method]
     return len(found) == 1 and _yields_each_item(found[0])
+
+
+def _beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
+    """The parsed module beside ``path`` that ``qualified`` (``util.misc.MetricLogger``) names
+    a definition of (None when there is none to read), and the definition's name."""
+    module, _, name = qualified.lstrip(".").rpartition(".")
+    return (_parse(_module_file(Path(path).parent, module)) if module else None), name
+
+
+def _defined_in(
+    node: ast.Module | ast.ClassDef | None, name: str, kind: type | tuple[type, ...]
+) -> Any:
+    """The one ``kind`` definition called ``name`` right in ``node``'s body, or None."""
+    found = [n for n in (node.body if node is not None else ()) if isinstance(n, kind)]
+    found = [n for n in found if n.name == name]
+    return found[0] if len(found) == 1 else None
 
 
 def _yields_each_item(function: ast.FunctionDef) -> bool:
@@ -246,22 +257,20 @@ def opened_run(path: str, qualified: str) -> str | None:
     as it is built, named by it (``Logger (a tensorflow.summary.FileWriter)``): a project's own
     logger that wraps TensorBoard's or wandb's (``self.writer = tf.summary.FileWriter(log_dir)``
     in its ``__init__``) opens one per process, as they do."""
-    module, _, name = qualified.lstrip(".").rpartition(".")
-    tree = _parse(_module_file(Path(path).parent, module)) if module else None
-    if tree is None:
+    tree, name = _beside(path, qualified)
+    cls = _defined_in(tree, name, ast.ClassDef)
+    init = _defined_in(cls, "__init__", ast.FunctionDef)
+    if init is None:
         return None
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
-    body = classes[0].body if len(classes) == 1 else []
-    init = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
-    imported = _imported(tree)
-    for call in _calls(init[0]) if init else ():
+    imported = _imported(tree)  # type: ignore[arg-type]  # a class was found in it
+    for call in _calls(init):
         dotted = _dotted(call.func)
         if dotted is None:
             continue
         head, _, rest = dotted.partition(".")
-        qualified = ".".join(filter(None, (imported.get(head, head), rest)))
-        if tracked_run(qualified) is not None:
-            return f"{name} (a {qualified})"
+        opened = ".".join(filter(None, (imported.get(head, head), rest)))
+        if tracked_run(opened) is not None:
+            return f"{name} (a {opened})"
     return None
 
 
