@@ -33,7 +33,9 @@ from accelify.transform.sources import python_ast
 from accelify.transform.walk import Visitor, nodes, walk
 
 # Wrappers around a loader in a ``for`` statement whose items are still the loader's batches.
-_ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
+# Calls that hand on what their first argument yields, item for item (``enumerate`` numbers it).
+PASS_ON = frozenset({"tqdm", "iter"})
+_ITER_WRAPPERS = PASS_ON | {"enumerate"}
 _LOOPS = (cst.For, cst.While)
 _NESTED_BLOCKS = (cst.If, cst.For, cst.While, cst.Try, cst.With, cst.Else, cst.ExceptHandler)
 TRAINING_ROLES = (Role.MODEL, Role.OPTIMIZER, Role.DATALOADER, Role.SCHEDULER)
@@ -273,13 +275,15 @@ def unwrap_moves(value: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def loop_iterable(
-    iterable: cst.BaseExpression, through: Collection[int] = ()
+    iterable: cst.BaseExpression,
+    through: Collection[int] = (),
+    wrappers: Collection[str] = _ITER_WRAPPERS,
 ) -> cst.BaseExpression:
     """``enumerate(tqdm(loader))`` -> ``loader``; also through the calls (ids) in ``through``
-    (``Analysis.through``)."""
+    (``Analysis.through``). With ``wrappers=PASS_ON``, an ``enumerate`` stays."""
     while (
         isinstance(iterable, cst.Call)
-        and (callee_name(iterable) in _ITER_WRAPPERS or id(iterable) in through)
+        and (callee_name(iterable) in wrappers or id(iterable) in through)
         and iterable.args
         and iterable.args[0].keyword is None
         and not iterable.args[0].star

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accelify.transform.analysis import (
+    PASS_ON,
     Analysis,
     Scope,
     key_of,
@@ -422,7 +423,7 @@ def _loop_targets(
 ) -> Iterator[tuple[str, str]]:
     target = loop.target
     iterable = loop.iter
-    counted = _unwrapped(iterable)  # ``tqdm(enumerate(loader))`` counts as ``enumerate`` does
+    counted = loop_iterable(iterable, wrappers=PASS_ON)  # ``tqdm(enumerate(loader))`` counts
     if (
         isinstance(counted, cst.Call)
         and callee_name(counted) == "enumerate"
@@ -438,19 +439,6 @@ def _loop_targets(
     if why is not None:
         for key in target_names(target):
             yield key, why
-
-
-def _unwrapped(iterable: cst.BaseExpression) -> cst.BaseExpression:
-    """``tqdm(x)`` / ``iter(x)`` -> ``x``: they hand on what ``x`` yields, item for item."""
-    while (
-        isinstance(iterable, cst.Call)
-        and callee_name(iterable) in ("tqdm", "iter")
-        and iterable.args
-        and iterable.args[0].keyword is None
-        and not iterable.args[0].star
-    ):
-        iterable = iterable.args[0].value
-    return iterable
 
 
 def _statements(a: Analysis) -> dict[int, list[cst.CSTNode]]:
