@@ -16,7 +16,14 @@ import libcst as cst
 
 from accelify.transform import patterns
 from accelify.transform.analysis import Analysis, Loop, Scope, key_of, unwrap_moves
-from accelify.transform.patterns import Role, dotted_name, is_device, method_call, target_names
+from accelify.transform.patterns import (
+    Role,
+    dotted_name,
+    is_device,
+    keyword_arg,
+    method_call,
+    target_names,
+)
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused, origins
@@ -37,13 +44,24 @@ def device_move(call: cst.CSTNode, a: Analysis) -> cst.Call | None:
 def without_move(move: cst.Call) -> cst.BaseExpression:
     """``x.to(device, dtype)`` -> ``x.to(dtype)``; ``x.to(device)`` / ``x.cuda()`` -> ``x``."""
     receiver = move.func.value  # type: ignore[union-attr]
+    rest = _besides_device(move)
+    return move.with_changes(args=rest) if rest else receiver
+
+
+def _besides_device(move: cst.Call) -> list[cst.Arg]:
+    """The arguments of ``x.to(...)`` but the device (``device=`` or the first) and
+    ``non_blocking``; none for ``x.cuda()``."""
+    if move.func.attr.value == "cuda":  # type: ignore[union-attr]
+        return []
+    device = keyword_arg(move, "device") or (move.args[0] if move.args else None)
     rest = [
-        arg for arg in move.args[1:] if not (arg.keyword and arg.keyword.value == "non_blocking")
+        arg
+        for arg in move.args
+        if arg is not device and not (arg.keyword and arg.keyword.value == "non_blocking")
     ]
-    if move.func.attr.value == "cuda" or not rest:  # type: ignore[union-attr]
-        return receiver
-    rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return move.with_changes(args=rest)
+    if rest:  # the last one ends the call now
+        rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return rest
 
 
 def moves(plan: Plan) -> None:
@@ -212,22 +230,14 @@ def _place_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
     device = cst.Arg(cst.Attribute(plan.accelerator(move), cst.Name("device")))  # type: ignore[arg-type]
 
     def placed(node: cst.Call) -> cst.Call:
-        args = list(node.args) if node.func.attr.value == "to" else []  # type: ignore[union-attr]
-        named = [arg for arg in args if _keyword(arg) == "device"]
-        old = named[0] if named else args[0] if args else None  # ``.to(device=d)`` or ``.to(d)``
-        kept = [arg for arg in args if arg is not old and _keyword(arg) != "non_blocking"]
         func = node.func.with_changes(attr=cst.Name("to"))  # type: ignore[union-attr]
-        return node.with_changes(func=func, args=[device, *kept])
+        return node.with_changes(func=func, args=[device, *_besides_device(node)])
 
     plan.edits.replace(move, placed)
     plan.changed(
         move,
         f"{receiver} runs before prepare(): moved to accelerator.device, where prepare() finds it",
     )
-
-
-def _keyword(arg: cst.Arg) -> str | None:
-    return arg.keyword.value if arg.keyword is not None else None
 
 
 def _drop_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
