@@ -252,13 +252,15 @@ def _drop_model_move(plan: Plan, move: cst.Call, receiver: str) -> None:
 
 
 def _self_assign(parent: cst.CSTNode | None, receiver: str, move: cst.Call) -> bool:
-    """``x = x.to(device)`` (not ``x = x.reshape(-1).to(device)``, which must keep its reshape)."""
+    """``x = x.to(device)`` (not ``x = x.reshape(-1).to(device)``, which must keep its reshape,
+    nor ``x = x.to(device, torch.float16)``, which must keep its cast)."""
     return (
         isinstance(parent, cst.Assign)
         and parent.value is move
         and len(parent.targets) == 1
         and key_of(parent.targets[0].target) == receiver
         and key_of(move.func.value) == receiver  # type: ignore[attr-defined]
+        and not _besides_device(move)
     )
 
 
@@ -311,7 +313,8 @@ def _drop_batch_move(plan: Plan, move: cst.Call, receiver: str) -> None:
 
 
 def _is_tuple_of_moves(a: Analysis, element: cst.CSTNode | None, move: cst.Call) -> bool:
-    """``x, y = x.to(device), y.to(device)``: every element moves the name it is assigned to."""
+    """``x, y = x.to(device), y.to(device)``: every element moves the name it is assigned to,
+    and only moves it (a cast stays)."""
     tup = a.parent(element) if isinstance(element, cst.Element) else None
     assign = a.parent(tup) if isinstance(tup, cst.Tuple) else None
     if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
@@ -322,6 +325,8 @@ def _is_tuple_of_moves(a: Analysis, element: cst.CSTNode | None, move: cst.Call)
     for t, v in zip(target.elements, tup.elements, strict=True):  # type: ignore[union-attr]
         inner = device_move(v.value, a)
         if inner is None or key_of(inner.func.value) != key_of(t.value):  # type: ignore[union-attr]
+            return False
+        if _besides_device(inner):
             return False
     return True
 
