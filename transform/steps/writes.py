@@ -356,9 +356,12 @@ def _writing_mode(call: cst.Call) -> bool:
 def _report_loggers(plan: Plan) -> None:
     """A logger every process opens writes N event files or runs: say so where it is built."""
     a = plan.analysis
+    read: dict[str, str | None] = {}  # qualified name -> the run its class opens, read once
     for call, _scope in plan.training_calls():
-        what = opens_a_run(a.names, call) or _project_run(a, call)
-        if what is not None and isinstance(a.parent(call), cst.Assign | cst.Expr):
+        if not isinstance(a.parent(call), cst.Assign | cst.Expr):
+            continue
+        what = opens_a_run(a.names, call) or _project_run(a, call, read)
+        if what is not None:
             plan.needs_human(
                 call,
                 f"every process opens its own {what} here: open it, and log, on the main "
@@ -366,12 +369,16 @@ def _report_loggers(plan: Plan) -> None:
             )
 
 
-def _project_run(a: Analysis, call: cst.Call) -> str | None:
+def _project_run(a: Analysis, call: cst.Call, read: dict[str, str | None]) -> str | None:
     """The run a logger class from a module beside the script opens (``Logger(log_dir)`` from
     ``logger.py``, wrapping TensorBoard's writer). A class of this file needs no reading: its
     ``__init__`` runs from the training, where the writer it builds is reported itself."""
     qualified = a.names.qualify(call.func)
-    return opened_run(a.path, qualified) if qualified is not None else None
+    if qualified is None:
+        return None
+    if qualified not in read:
+        read[qualified] = opened_run(a.path, qualified)
+    return read[qualified]
 
 
 def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
