@@ -186,6 +186,40 @@ def device_move(
     return move if first is not None and device(first.value) else None
 
 
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+def pins_visible_devices(node: cst.CSTNode) -> bool:
+    """Whether a statement sets ``CUDA_VISIBLE_DEVICES`` for its own process:
+    ``os.environ["CUDA_VISIBLE_DEVICES"] = ...``, ``os.environ.setdefault(...)``, ``os.putenv``.
+
+    Read where the script runs on many processes, each then sees only the GPUs it lists, while
+    the launcher gives process *i* the GPU *i* of what it sees."""
+    if isinstance(node, cst.Assign):
+        return any(_environment_key(t.target) == VISIBLE_DEVICES for t in node.targets)
+    if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call) and node.value.args:
+        call = node.value
+        name = dotted_name(call.func) or ""
+        key = call.args[0].value
+        setter = name.endswith(("environ.setdefault", "putenv"))
+        return (
+            setter and isinstance(key, cst.SimpleString) and key.evaluated_value == VISIBLE_DEVICES
+        )
+    return False
+
+
+def _environment_key(target: cst.BaseExpression) -> str | None:
+    """``X`` for the target ``os.environ["X"]`` (or ``environ["X"]``)."""
+    if not isinstance(target, cst.Subscript) or len(target.slice) != 1:
+        return None
+    if (dotted_name(target.value) or "").rsplit(".", 1)[-1] != "environ":
+        return None
+    index = target.slice[0].slice
+    key = index.value if isinstance(index, cst.Index) else None
+    value = key.evaluated_value if isinstance(key, cst.SimpleString) else None
+    return value if isinstance(value, str) else None
+
+
 def target_names(target: cst.BaseExpression) -> Iterator[str]:
     """The dotted names a (possibly unpacking) assignment target binds: ``a, (b, *self.c)``."""
     if isinstance(target, cst.Tuple | cst.List):

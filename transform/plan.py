@@ -36,6 +36,7 @@ NOTE_RULES: tuple[tuple[str, str | None], ...] = (
     ("opens its own", "ACL105"),
     ("other processes may read this file before the main process wrote it", "ACL106"),
     ("the accelerator now picks the device", "ACL213"),
+    ("sets CUDA_VISIBLE_DEVICES in every process", "ACL012"),
     ("it also runs the prepared model", "ACL107"),
     ("writes here at once", "ACL107"),
 )

@@ -76,7 +76,7 @@ def test_every_program_reviewed_at_first_sight_has_its_verdict_now() -> None:
         (FIRST_SIGHT_LLM, 100, 10, 0),
         (FIRST_SIGHT_PROJECTS, 6, 4, 0),
         (FIRST_SIGHT_PLAIN, 45, 8, 0),
-        (FIRST_SIGHT_PLAIN_2, 21, 3, 1),
+        (FIRST_SIGHT_PLAIN_2, 21, 3, 0),
     ],
 )
 def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(

@@ -7,6 +7,10 @@ device now: later choices of the same name go, and an ``if``/``elif``/``else`` w
 only picks a device collapses into the one assignment. A branch that does more keeps its other
 statements and is followed by the accelerator's choice. A name derived from the device
 (``device_type = "cuda" if "cuda" in device else "cpu"``) is left to follow it.
+
+A script that sets ``CUDA_VISIBLE_DEVICES`` itself keeps the line, with a note: every launched
+process would run it and see only the GPUs it lists, while the launcher gives process *i* the
+GPU *i*; the choice belongs on the launch (``accel-run --gpu-ids``).
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, key_of, mentions, names_in
-from accelify.transform.patterns import Role, is_device
+from accelify.transform.patterns import Role, is_device, pins_visible_devices
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCELERATOR_UNREACHABLE, BUILT_IN_LOOP, HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused
+from accelify.transform.walk import nodes
 
 # Uses that need a string: comparisons, string methods, concatenation, autocast's device_type.
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "replace", "lower", "upper"})
@@ -50,6 +55,14 @@ def device(plan: Plan) -> None:
         choices.setdefault((a.owner(b.scope, b.key), b.key), []).append(b)
     for bindings in choices.values():
         _one_device(plan, bindings)
+    for statement in nodes(a.module, (cst.Assign, cst.Expr)):
+        if pins_visible_devices(statement):
+            plan.needs_human(
+                statement,
+                "sets CUDA_VISIBLE_DEVICES in every process: each sees only the GPUs listed, so "
+                "on more processes than that the others find no GPU of their own; choose the "
+                "GPUs on the launch (accel-run --gpu-ids ...)",
+            )
 
 
 def _refuse_read_global(plan: Plan, binding: Binding) -> None:
