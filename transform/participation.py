@@ -83,14 +83,14 @@ def idle_submodules(a: Analysis, setup: Setup) -> dict[str, cst.Attribute]:
     nn.Linear(...)`` attached from outside, with no ``.head`` read anywhere. A class that reaches
     its submodules by name or by iteration is left alone."""
     found: dict[str, cst.Attribute] = {}
-    for model, cls in _built_models(a, setup):
+    for model, cls in built_models(a, setup):
         idle = _idle_in(a, cls, set()) or _attached_idle(a, setup, model, cls)
         if idle is not None:
             found[model] = idle
     return found
 
 
-def _built_models(a: Analysis, setup: Setup) -> Iterator[tuple[str, str]]:
+def built_models(a: Analysis, setup: Setup) -> Iterator[tuple[str, str]]:
     """(prepared model, the class its build calls) for each model the setup builds itself."""
     models = setup.models(a)
     for b in setup.prepared:
@@ -104,7 +104,7 @@ def random_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
     that a random draw decides (``for _ in range(random.randint(0, 3))``): a step that draws
     none leaves the layers under it without a gradient, seeded or not."""
     found: dict[str, cst.CSTNode] = {}
-    for model, cls in _built_models(a, setup):
+    for model, cls in built_models(a, setup):
         forward = a.methods.get(cls, {}).get("forward")
         controls = nodes(forward.node, (cst.For, cst.While, cst.If)) if forward else ()
         for control in controls:
@@ -120,7 +120,7 @@ def cut_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
     file's model classes it builds in (``torch.cat((x, h.cpu().data))``): what feeds the cut
     value trains no further, so layers that only feed it may get no gradient."""
     found: dict[str, cst.CSTNode] = {}
-    for model, cls in _built_models(a, setup):
+    for model, cls in built_models(a, setup):
         cut = _cut_in(a, cls, set())
         if cut is not None:
             found[model] = cut
@@ -150,6 +150,8 @@ def _detaches(a: Analysis, node: cst.Attribute) -> bool:
         return isinstance(parent, cst.Call) and parent.func is node
     if node.attr.value != "data":
         return False
+    if isinstance(node.value, cst.Call) and dotted_name(node.value.func) == "next":
+        return False  # ``next(self.parameters()).data``: a parameter read for its dtype
     return not (isinstance(parent, cst.AssignTarget) and parent.target is node)
 
 

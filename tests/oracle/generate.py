@@ -99,8 +99,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         ("model_extra", "loss"),
-        lambda c: c["loss"] != "mse" or c["model_extra"] in ("none", "encode"),
+        lambda c: c["loss"] != "mse" or c["model_extra"] in ("none", "encode", "start_logits"),
         "a regression has no classes to predict or count",
+    ),
+    Rule(
+        ("model_extra", "loss"),
+        lambda c: c["model_extra"] != "start_logits" or c["loss"] != "model_returns",
+        "a model that returns its loss computes its logits itself",
     ),
     Rule(
         ("extra_tensor", "loss"),
@@ -161,7 +166,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         ("model_extra", "eval"),
-        lambda c: c["model_extra"] == "none" or c["eval"] != "none",
+        lambda c: c["model_extra"] in ("none", "start_logits") or c["eval"] != "none",
         "the extra model methods are used by the evaluation",
     ),
     Rule(

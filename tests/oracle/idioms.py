@@ -83,9 +83,11 @@ class Ctx:
     def forward(self, x: str) -> str:
         if self.v("arch") == "enc_dec":
             return f"{self.n('dec')}({self.n('enc')}({x}))"
-        if self.choice.get("alias") == "forward_alias":
-            return f"net({x})"
-        return f"{self.model}({x})"
+        aliased = self.choice.get("alias") == "forward_alias"
+        called = f"net({x})" if aliased else f"{self.model}({x})"
+        if self.v("model_extra") == "start_logits":  # an init_hidden: sized, with no weights
+            return f"{called} + {self.model}.start_logits({x}.size(0))"
+        return called
 
     @property
     def params(self) -> str:
@@ -382,6 +384,12 @@ def _net(c: Ctx, name: str, layers: Lines, encode: str, head: str) -> Lines:
         lines += ["    def forward(self, x):", f"        return {head.format(features)}"]
     if extra == "predict":
         lines += ["", "    def predict(self, x):", "        return self.forward(x).argmax(dim=1)"]
+    if extra == "start_logits":
+        lines += [
+            "",
+            "    def start_logits(self, n):",
+            "        return torch.zeros(n, self.num_classes)",
+        ]
     return lines
 
 
@@ -472,6 +480,7 @@ MODEL_EXTRA: dict[str, Idiom] = {
     "predict": {},  # pred = model.predict(x)
     "encode": {},  # feature norms from model.encode(x)
     "num_classes": {},  # per-class counts sized by model.num_classes
+    "start_logits": {},  # the training adds model.start_logits(n), zeros like an init_hidden
 }
 
 MODEL_MOVE: dict[str, Idiom] = {

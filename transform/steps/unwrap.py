@@ -8,17 +8,24 @@ adds: ``model.decode(z)``, ``model.init_hidden(n)`` or ``policy.rewards`` raise 
 would not load into a plain model. Both go through ``accelerator.unwrap_model(model)``, as HF's
 guides write them; on one process, or on a model not yet prepared, it returns the model itself.
 A method the training step itself calls is refused instead: computing the loss through the bare
-module would bypass the wrapper, and the replicas would not stay synchronised.
+module would bypass the wrapper, and the replicas would not stay synchronised. Unless the method,
+read in the model's class in this file, runs none of the module: ``init_hidden`` returning
+``torch.zeros(self.n_layers, batch, self.hidden_size)`` reads only plain attributes set in the
+class, and ``next(self.parameters()).new_zeros(...)`` only a parameter's device and dtype; what
+it returns is the same through the bare module, which computes nothing on it.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import key_of
+from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.participation import built_models
+from accelify.transform.patterns import dotted_name
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import BARE_MODULE
 from accelify.transform.setup import Refused, in_training_step, origins
+from accelify.transform.walk import nodes
 
 # What DistributedDataParallel and friends answer for the module itself.
 MODULE_API = frozenset(
@@ -35,6 +42,12 @@ MODULE_API = frozenset(
 SYNC_TOGGLE = "require_backward_grad_sync"
 # Not the model's computation: fine from inside the training step too.
 _BOOKKEEPING = frozenset({"state_dict", "load_state_dict"})
+# What a parameter tells without computing on it: ``weight.new_zeros(...)`` builds a new tensor.
+_METADATA = frozenset(
+    {"new", "new_zeros", "new_ones", "new_empty", "new_full", "device", "dtype", "is_cuda", "data"}
+)
+# Values an attribute may be set to and stay plain data: numbers, names, ``args.hidden``, sums.
+_PLAIN_CALLS = frozenset({"int", "float", "len", "bool", "str", "max", "min"})
 
 
 def unwrap(plan: Plan) -> None:
@@ -55,7 +68,12 @@ def unwrap(plan: Plan) -> None:
         if not all(setup.current(a, k, node) for k in found):
             continue
         called = isinstance(a.parent(node), cst.Call) and a.parent(node).func is node  # type: ignore[union-attr]
-        if called and node.attr.value not in _BOOKKEEPING and in_training_step(a, node):
+        if (
+            called
+            and node.attr.value not in _BOOKKEEPING
+            and in_training_step(a, node)
+            and not _runs_none_of_the_module(plan, found, node.attr.value)
+        ):
             raise Refused(
                 node,
                 BARE_MODULE,
@@ -71,3 +89,150 @@ def unwrap(plan: Plan) -> None:
         plan.changed(
             node, f"{key}.{node.attr.value} -> accelerator.unwrap_model({key}).{node.attr.value}"
         )
+
+
+def _runs_none_of_the_module(plan: Plan, models: set[str], method: str) -> bool:
+    """Whether ``method`` of every model in ``models`` (each built from a class of this file)
+    reads only plain attributes of ``self``, a parameter's metadata and such methods of its own:
+    then the bare module's answer is the wrapper's, and no computation passes it by."""
+    a = plan.analysis
+    classes = dict(built_models(a, plan.setup))  # type: ignore[arg-type]
+    for model in models:
+        cls = classes.get(model)
+        scope = a.methods.get(cls, {}).get(method) if cls else None
+        if scope is None or not _reads_only_data(a, cls, scope, models, set()):  # type: ignore[arg-type]
+            return False
+    return True
+
+
+def _reads_only_data(a: Analysis, cls: str, scope: Scope, models: set[str], seen: set[str]) -> bool:
+    if scope.name in seen or not scope.params:
+        return scope.name in seen
+    seen.add(scope.name)
+    this = scope.params[0]
+    weights = _parameter_names(a, scope, this)
+    for name in nodes(scope.node.body, cst.Name):  # type: ignore[union-attr]
+        value = name.value  # type: ignore[attr-defined]
+        parent = a.parent(name)
+        if value in models or value == "super":
+            return False
+        if value in weights:
+            read = isinstance(parent, cst.Attribute) and parent.attr.value in _METADATA
+            if not (read or _binds(a, name)):
+                return False
+        if value != this or _binds(a, name):
+            continue
+        if not (isinstance(parent, cst.Attribute) and parent.value is name):
+            return False  # self handed to something: it could run the module
+        attr = parent.attr.value
+        other = a.methods[cls].get(attr)
+        called = isinstance(a.parent(parent), cst.Call) and a.parent(parent).func is parent  # type: ignore[union-attr]
+        if other is not None:
+            if not (called and _reads_only_data(a, cls, other, models, seen)):
+                return False
+        elif attr == "parameters":
+            if not _next_parameter(a, parent):
+                return False
+        elif called or not _plain_attribute(a, cls, attr) or not _sizes(a, parent, weights):
+            return False
+    return True
+
+
+def _sizes(a: Analysis, attribute: cst.Attribute, weights: set[str]) -> bool:
+    """Whether ``self.n_layers`` (through arithmetic and tuples) only sizes a new tensor:
+    an argument of a ``torch`` call, ``Variable(...)`` or ``weight.new_zeros(...)``."""
+    node: cst.CSTNode = attribute
+    parent = a.parent(node)
+    while isinstance(parent, cst.BinaryOperation | cst.UnaryOperation | cst.Element | cst.Tuple):
+        node, parent = parent, a.parent(parent)
+    call = a.parent(parent) if isinstance(parent, cst.Arg) else None
+    if not isinstance(call, cst.Call):
+        return False
+    name = dotted_name(call.func) or ""
+    head, _, last = name.rpartition(".")
+    return name.startswith("torch.") or name == "Variable" or (
+        head in weights and last in _METADATA
+    )
+
+
+def _parameter_names(a: Analysis, scope: Scope, this: str) -> set[str]:
+    """Names bound to one of the module's parameters: ``weight = next(self.parameters())``."""
+    found = set()
+    for statement in nodes(scope.node.body, cst.Assign):  # type: ignore[union-attr]
+        value = statement.value  # type: ignore[attr-defined]
+        if isinstance(value, cst.Attribute) and value.attr.value == "data":
+            value = value.value
+        targets = statement.targets  # type: ignore[attr-defined]
+        if (
+            len(targets) == 1
+            and isinstance(targets[0].target, cst.Name)
+            and isinstance(value, cst.Call)
+            and dotted_name(value.func) == "next"
+            and value.args
+            and dotted_name(_inner(value.args[0].value)) == f"{this}.parameters"
+        ):
+            found.add(targets[0].target.value)
+    return found
+
+
+def _inner(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``self.parameters`` of ``self.parameters()`` or ``iter(self.parameters())``."""
+    if isinstance(value, cst.Call) and dotted_name(value.func) == "iter" and value.args:
+        value = value.args[0].value
+    return value.func if isinstance(value, cst.Call) and not value.args else value
+
+
+def _next_parameter(a: Analysis, parameters: cst.Attribute) -> bool:
+    """``next(self.parameters())`` bound to a name (checked where read), or read for metadata."""
+    call = a.parent(parameters)
+    if isinstance(a.parent(call), cst.Arg) and dotted_name(a.parent(a.parent(call)).func) == "iter":  # type: ignore[union-attr]
+        call = a.parent(a.parent(call))
+    outer = a.parent(a.parent(call))  # Arg, then next(...)
+    if not (isinstance(outer, cst.Call) and dotted_name(outer.func) == "next"):
+        return False
+    use = a.parent(outer)
+    if isinstance(use, cst.Attribute) and use.attr.value == "data":
+        use = a.parent(use)
+    return isinstance(use, cst.Assign) or (
+        isinstance(use, cst.Attribute) and use.attr.value in _METADATA
+    )
+
+
+def _binds(a: Analysis, name: cst.CSTNode) -> bool:
+    parent = a.parent(name)
+    return isinstance(parent, cst.AssignTarget | cst.Param)
+
+
+def _plain_attribute(a: Analysis, cls: str, attr: str) -> bool:
+    """Every ``self.attr = value`` in the class sets plain data (and there is one)."""
+    values = [
+        statement.value  # type: ignore[attr-defined]
+        for method in a.methods[cls].values()
+        for statement in nodes(method.node, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+        if any(
+            dotted_name(target) == f"{method.params[0]}.{attr}"
+            for target in _targets(statement)
+        )
+        if method.params
+    ]
+    return bool(values) and all(_plain(v) for v in values)
+
+
+def _targets(statement: cst.CSTNode) -> list[cst.BaseExpression]:
+    if isinstance(statement, cst.Assign):
+        return [t.target for t in statement.targets]
+    return [statement.target]  # type: ignore[attr-defined]
+
+
+def _plain(value: cst.BaseExpression | None) -> bool:
+    if isinstance(value, cst.Integer | cst.Float | cst.SimpleString):
+        return True
+    if isinstance(value, cst.Name | cst.Attribute):
+        return (dotted_name(value) or "self").split(".")[0] != "self"
+    if isinstance(value, cst.UnaryOperation):
+        return _plain(value.expression)
+    if isinstance(value, cst.BinaryOperation):
+        return _plain(value.left) and _plain(value.right)
+    if isinstance(value, cst.Call) and dotted_name(value.func) in _PLAIN_CALLS:
+        return all(_plain(arg.value) for arg in value.args)
+    return False
