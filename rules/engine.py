@@ -111,11 +111,13 @@ def parse(text: str) -> cst.Module:
         raise SyntaxError(err.message, ("", err.raw_line, err.raw_column, "")) from None
 
 
-def run_rules(module: cst.Module, rules: Sequence[type[Rule]], source: str) -> list[Report]:
-    """One traversal of ``module`` (parsed from ``source``) with the facts visitor and an instance
-    of each rule."""
+def run_rules(
+    module: cst.Module, rules: Sequence[type[Rule]], source: str, path: str | None = None
+) -> list[Report]:
+    """One traversal of ``module`` (parsed from ``source``, read from ``path``) with the facts
+    visitor and an instance of each rule."""
     reports: list[Report] = []
-    facts = Facts(source)
+    facts = Facts(source, path)
     dispatcher = _Dispatcher([facts, *(rule(facts, reports) for rule in rules)])
     walk(module, dispatcher, fields=dispatcher.with_fields)
     return reports
@@ -224,15 +226,16 @@ def _unsuppressed(
 
 
 @deep_enough
-def lint(text: str, rules: Sequence[type[Rule]]) -> list[Finding]:
-    """Findings for ``text``, sorted by position. Raises ``SyntaxError`` on unparsable input,
-    also in a file no rule reads (as Ruff reports one everywhere)."""
+def lint(text: str, rules: Sequence[type[Rule]], path: str | None = None) -> list[Finding]:
+    """Findings for ``text`` (the file ``path``, when it has one), sorted by position. Raises
+    ``SyntaxError`` on unparsable input, also in a file no rule reads (as Ruff reports one
+    everywhere)."""
     if not rules or not is_relevant(text):
         if python_syntax_error(text, "<lint>") is not None:
             parse(text)  # libcst reads syntax newer than this Python; else this raises
         return []
     module = parse(text)
-    reports = run_rules(module, rules, text)
+    reports = run_rules(module, rules, text, path)
     if not reports:
         return []
     findings = []

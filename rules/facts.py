@@ -323,8 +323,9 @@ def _exits(block: cst.BaseSuite) -> bool:
 class Facts:
     """The facts visitor; the engine calls its handlers around every rule's."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, path: str | None = None) -> None:
         self.source = source  # the text the tree was parsed from
+        self.path = path  # its file, whose neighbours a rule may read (None: no file)
         self.accelerators: dict[str, cst.Call] = {}
         self.roles: dict[str, Role] = {}
         self.prepared_anywhere: set[str] = set()  # argument names passed to any prepare call
@@ -341,6 +342,9 @@ class Facts:
         self._reach: dict[cst.FunctionDef, set[str]] | None = None
         self._guard_aliases: dict[str, int] = {}
         self._training_functions: set[str] = set()  # names of functions with a training pass
+        # Functions that create an Accelerator on whatever process runs them: every process must
+        # (it starts the process group), so they run on all, called here or by a CLI (fire).
+        self._entries: set[cst.FunctionDef] = set()
 
     # -- questions rules ask -------------------------------------------------------------------
 
@@ -709,6 +713,9 @@ class Facts:
         self._forget(names)
         if isinstance(value, cst.Call) and callee_name(value) == "Accelerator" and names:
             self.accelerators[names[0]] = value
+            where = self.where()
+            if where.function is not None and not (where.guarded or where.others):
+                self._entries.add(where.function)
             self._add_accelerator(names[0])
             return
         if len(names) == 1:
@@ -838,7 +845,7 @@ class Facts:
         """For each function: does some call run it on all processes, on the main one, or both."""
         if self._reach is not None:
             return self._reach
-        reach: dict[cst.FunctionDef, set[str]] = {}
+        reach: dict[cst.FunctionDef, set[str]] = {function: {"all"} for function in self._entries}
         sites = [(name, where, self.functions) for name, where in self._sites + self._hook_sites()]
         sites += [(name, where, self.methods) for name, where in self._method_sites]
         sites = [site for site in sites if site[0] in site[2]]

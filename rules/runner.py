@@ -78,7 +78,7 @@ def _check(path: str, options: Options, result: FileResult) -> None:
     try:
         if (options.fix or options.diff) and book is None and path != STDIN:
             text = _fix(source, rules, options, result)
-        findings = engine.lint(text, rules)
+        findings = engine.lint(text, rules, None if name == STDIN else name)
     except SyntaxError as err:
         raise _located(err.lineno or 1, f"syntax error: {err.msg}", result.path, book) from None
     except RecursionError:

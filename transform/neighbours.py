@@ -252,6 +252,23 @@ def _fetches(call: ast.Call) -> bool:
     return download or _callee(call) in FETCHES
 
 
+class ProjectRuns:
+    """The runs that logger classes of the modules beside ``path`` open (:func:`opened_run`),
+    each class read once: the converter and the linter ask for every call they look at."""
+
+    def __init__(self, path: str | None) -> None:
+        # None, or ``<string>``/``<stdin>``: a text with no file, so nothing beside it to read.
+        self._path = path if path and not path.startswith("<") else None
+        self._read: dict[str, str | None] = {}
+
+    def opened(self, qualified: str | None) -> str | None:
+        if self._path is None or qualified is None or "." not in qualified:
+            return None  # only a name imported from a module can be defined beside the file
+        if qualified not in self._read:
+            self._read[qualified] = opened_run(self._path, qualified)
+        return self._read[qualified]
+
+
 def opened_run(path: str, qualified: str) -> str | None:
     """What run the class ``qualified`` (``logger.Logger``), in a module beside ``path``, opens
     as it is built, named by it (``Logger (a tensorflow.summary.FileWriter)``): a project's own

@@ -5,8 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.every_process import EveryProcessRule, Reach
+from accelify.rules.facts import Facts
 from accelify.rules.imports import ImportsRule
-from accelify.rules.rule import Invalid, Severity
+from accelify.rules.rule import Invalid, Report, Severity
+from accelify.transform.neighbours import ProjectRuns
 from accelify.transform.patterns import callee_name
 from accelify.transform.trackers import LOGGERS, opens_a_run
 
@@ -18,8 +20,10 @@ class LoggerOnEveryProcess(EveryProcessRule, ImportsRule):
     In a script that creates an `Accelerator`, flags `SummaryWriter(...)`, `wandb.init(...)` and
     the other `...Logger(...)`/`...Writer(...)` constructors of experiment-tracking libraries
     (TensorBoard, wandb, MLflow, Aim, Comet, ClearML, Neptune, DVCLive, Lightning's loggers) that
-    run on every process. A logger the project defines is left alone: nothing shows it opens a run,
-    and research code's `MetricLogger` all-reduces its meters, so guarding it would hang.
+    run on every process, and a logger class imported from a module beside the script whose
+    `__init__` builds one of those (read, never run), as accel-convert reports it. Any other
+    logger the project defines is left alone: nothing shows it opens a run, and research code's
+    `MetricLogger` all-reduces its meters, so guarding it would hang.
 
     ## Why is this bad?
     Each process opens its own run: N TensorBoard event files in one folder (the curves
@@ -69,19 +73,32 @@ class LoggerOnEveryProcess(EveryProcessRule, ImportsRule):
             "accelerator = Accelerator()\n\n\ndef setup_logging(cfg):\n"
             "    wandb.init(project=cfg.project)\n\n\nsetup_logging(cfg)\n"
         ),
+        # Called by a CLI (fire), not in the file: it creates the accelerator, so every process
+        # runs it.
+        Invalid(
+            "def train(**kwargs):\n    accelerator = Accelerator()\n"
+            "    writer = SummaryWriter('runs/exp')\n\n\nif __name__ == '__main__':\n"
+            "    fire.Fire()\n"
+        ),
     )
+
+    def __init__(self, facts: Facts, reports: list[Report]) -> None:
+        super().__init__(facts, reports)
+        self._project = ProjectRuns(facts.path)
+        self._opens: dict[int, str] = {}  # id(call) -> the run it opens
 
     def visit_Call(self, node: cst.Call) -> None:
         last = callee_name(node) or ""
-        if last != "init" and not last.endswith(LOGGERS):  # cheap: most calls stop here
-            return
-        if opens_a_run(self.names, node) is not None:
+        known = last == "init" or last.endswith(LOGGERS)  # cheap: most calls stop here
+        what = opens_a_run(self.names, node) if known else None
+        what = what or self._project.opened(self.names.qualify(node.func))
+        if what is not None:
+            self._opens[id(node)] = what
             self.candidate(node, fixable=False)
 
     def flag(self, call: cst.Call, reach: Reach) -> None:
-        what = opens_a_run(self.names, call)
         self.report(
             call,
-            f"every process opens its own {what} here; open it, and log, on the main process "
-            f"only (`if {reach.test()}:`)",
+            f"every process opens its own {self._opens[id(call)]} here; open it, and log, on the "
+            f"main process only (`if {reach.test()}:`)",
         )

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from accelify.rules.checks.logger_on_every_process import LoggerOnEveryProcess
+from accelify.rules.engine import lint
 from accelify.transform.convert import convert
 from accelify.transform.neighbours import distributing_functions, fetching_imports, passes_through
 
@@ -288,6 +290,10 @@ def test_a_project_logger_that_opens_a_tracking_writer_is_reported_on_every_proc
     found = [(n.line, n.message) for n in result.manual if "opens its own" in n.message]
     told = "here: open it, and log, on the main process only (if accelerator.is_main_process:)"
     assert found == ([(9, f"every process opens its own {opened} {told}")] if opened else [])
+    # accel-lint, given the converted file's path, flags the line the note is about (ACL105).
+    flagged = lint(result.code, [LoggerOnEveryProcess], path=_script(tmp_path))
+    assert [f.source.strip() for f in flagged] == (['logger = Logger("./logs")'] if opened else [])
+    assert lint(result.code, [LoggerOnEveryProcess]) == []  # no file: nothing beside it to read
     # The same class in the script itself: its __init__ runs from the training, where the
     # writer it builds is reported.
     inline = LOGGING.replace("from logger import Logger, Meter\n", "").replace(

@@ -75,7 +75,7 @@ def findings(
             relative = file.relative_to(root).as_posix()
             try:
                 text = read(str(file)).text
-                found.update((relative, f.line, f.code) for f in lint(text, rules))
+                found.update((relative, f.line, f.code) for f in lint(text, rules, str(file)))
             except (SourceError, SyntaxError) as err:
                 errors.append(f"{relative}: {err}")
     return found, errors

@@ -150,8 +150,8 @@ def _sizes(a: Analysis, attribute: cst.Attribute, weights: set[str]) -> bool:
         return False
     name = dotted_name(call.func) or ""
     head, _, last = name.rpartition(".")
-    return name.startswith("torch.") or name == "Variable" or (
-        head in weights and last in _METADATA
+    return (
+        name.startswith("torch.") or name == "Variable" or (head in weights and last in _METADATA)
     )
 
 
@@ -210,8 +210,7 @@ def _plain_attribute(a: Analysis, cls: str, attr: str) -> bool:
         for method in a.methods[cls].values()
         for statement in nodes(method.node, (cst.Assign, cst.AugAssign, cst.AnnAssign))
         if any(
-            dotted_name(target) == f"{method.params[0]}.{attr}"
-            for target in _targets(statement)
+            dotted_name(target) == f"{method.params[0]}.{attr}" for target in _targets(statement)
         )
         if method.params
     ]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
-from accelify.transform.neighbours import FETCHES, opened_run
+from accelify.transform.neighbours import FETCHES, ProjectRuns
 from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
@@ -356,29 +356,17 @@ def _writing_mode(call: cst.Call) -> bool:
 def _report_loggers(plan: Plan) -> None:
     """A logger every process opens writes N event files or runs: say so where it is built."""
     a = plan.analysis
-    read: dict[str, str | None] = {}  # qualified name -> the run its class opens, read once
+    project = ProjectRuns(a.path)
     for call, _scope in plan.training_calls():
         if not isinstance(a.parent(call), cst.Assign | cst.Expr):
             continue
-        what = opens_a_run(a.names, call) or _project_run(a, call, read)
+        what = opens_a_run(a.names, call) or project.opened(a.names.qualify(call.func))
         if what is not None:
             plan.needs_human(
                 call,
                 f"every process opens its own {what} here: open it, and log, on the main "
                 "process only (if accelerator.is_main_process:)",
             )
-
-
-def _project_run(a: Analysis, call: cst.Call, read: dict[str, str | None]) -> str | None:
-    """The run a logger class from a module beside the script opens (``Logger(log_dir)`` from
-    ``logger.py``, wrapping TensorBoard's writer). A class of this file needs no reading: its
-    ``__init__`` runs from the training, where the writer it builds is reported itself."""
-    qualified = a.names.qualify(call.func)
-    if qualified is None:
-        return None
-    if qualified not in read:
-        read[qualified] = opened_run(a.path, qualified)
-    return read[qualified]
 
 
 def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
