@@ -25,7 +25,7 @@ from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
-from accelify.transform.neighbours import distributing_functions, fetching_imports
+from accelify.transform.neighbours import backward_beside, distributing_functions, fetching_imports
 from accelify.transform.patterns import (
     OPTIMIZERS,
     PREFIX,
@@ -361,6 +361,17 @@ def _explain_hidden_step(plan: Plan) -> None:
             continue
         func = a.module.code_for_node(call.func)
         handed = _training_objects_handed(a, scope, call)
+        beside = backward_beside(a.path, a.names.qualify(call.func) or func)
+        if launcher and handed and beside is not None and not beside[1]:
+            plan.info(
+                call,
+                f"left unchanged: training runs inside {func}(...), on the {', '.join(handed)} "
+                f"built here, and {beside[0]} runs no .backward() either: its step is inside a "
+                "call accel-convert does not follow (a loss scaler's, a library's); convert by "
+                "hand",
+                TRAINING_ELSEWHERE,
+            )
+            return
         if launcher and handed:  # nothing here for the linter: the step is in the other file
             plan.info(
                 call,

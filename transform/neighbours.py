@@ -62,6 +62,126 @@ def assigned_attributes(path: str, qualified: str) -> frozenset[str] | None:
     )
 
 
+def backward_beside(path: str, qualified: str) -> tuple[str, bool] | None:
+    """The module beside ``path`` that defines ``qualified`` (``engine.train_one_epoch``), named
+    as a file, and whether it has a ``.backward()`` call; None when there is no such module."""
+    module = qualified.lstrip(".").rpartition(".")[0]
+    tree, name = _beside(path, qualified)
+    if tree is None or _defined_in(tree, name, ast.FunctionDef) is None:
+        return None
+    trains = any(_callee(call) == "backward" for call in _calls(tree))
+    return _module_file(Path(path).parent, module).name, trains
+
+
+# torch.distributed's own queries, and what each answers without a process group.
+_QUERIES = {"get_world_size": 1, "get_rank": 0}
+_STARTED = frozenset({"is_available", "is_initialized"})
+
+
+def process_query(path: str, qualified: str) -> str | None:
+    """``get_world_size`` or ``get_rank`` when the function ``qualified`` (``utils.get_rank``),
+    in a module beside ``path``, answers torch.distributed's query: it takes no argument and
+    returns either ``dist.get_rank()`` or, behind a test of whether the process group started
+    (``dist.is_initialized()``, or a helper of its module doing only that), what one process
+    is (rank 0 of 1). Research code's ``util/misc.py`` defines both so."""
+    tree, name = _beside(path, qualified)
+    function = _defined_in(tree, name, ast.FunctionDef)
+    if function is None or _has_parameters(function) or function.decorator_list:
+        return None
+    started = {
+        helper.name
+        for helper in tree.body  # type: ignore[union-attr]  # a function was found in it
+        if isinstance(helper, ast.FunctionDef) and _tests_started(helper, frozenset())
+    }
+    answers = set()
+    for statement in ast.walk(function):
+        if isinstance(statement, ast.Return) and isinstance(statement.value, ast.IfExp):
+            choice = statement.value  # ``dist.get_rank() if dist.is_initialized() else 0``
+            if not _only_asks(choice.test, started):
+                return None
+            answers |= {_answer(choice.body), _answer(choice.orelse)}
+        elif isinstance(statement, ast.Return):
+            answers.add(_answer(statement.value))
+        elif isinstance(statement, ast.If) and not _only_asks(statement.test, started):
+            return None
+        elif isinstance(statement, ast.stmt) and not (
+            isinstance(statement, ast.FunctionDef | ast.If | ast.Return | ast.Pass)
+            or _docstring(statement)
+        ):
+            return None  # an assignment, a loop, a call: more than the query
+    queries = {a for a in answers if isinstance(a, str)}
+    if len(queries) != 1 or not answers <= {*queries, _QUERIES[next(iter(queries))]}:
+        return None
+    return queries.pop()
+
+
+def _has_parameters(function: ast.FunctionDef) -> bool:
+    a = function.args
+    return bool(a.posonlyargs or a.args or a.vararg or a.kwonlyargs or a.kwarg)
+
+
+def _answer(value: ast.expr | None) -> str | int | None:
+    """``get_rank`` for ``dist.get_rank()``, the number of a literal, else None."""
+    if isinstance(value, ast.Constant) and type(value.value) is int:
+        return value.value
+    if isinstance(value, ast.Call) and not value.args and not value.keywords:
+        callee = _callee(value)
+        return callee if callee in _QUERIES and isinstance(value.func, ast.Attribute) else None
+    return None
+
+
+def _only_asks(test: ast.expr | None, started: set[str]) -> bool:
+    """Whether ``test`` only asks if the process group started (``not dist.is_initialized()``)."""
+    nodes = list(ast.walk(test)) if test is not None else []
+    calls = [n for n in nodes if isinstance(n, ast.Call)]
+    return bool(calls) and all(
+        isinstance(n, _ASKING)
+        and (
+            not isinstance(n, ast.Call)
+            or (not n.args and not n.keywords and _callee(n) in _STARTED | started)
+        )
+        for n in nodes
+    )
+
+
+_ASKING = (
+    ast.Call,
+    ast.Attribute,
+    ast.Name,
+    ast.Load,
+    ast.UnaryOp,
+    ast.Not,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+)
+
+
+def _tests_started(function: ast.FunctionDef, seen: frozenset[str]) -> bool:
+    """``is_dist_avail_and_initialized()``: returns only whether the process group started."""
+    if _has_parameters(function) or function.name in seen:
+        return False
+    for statement in ast.walk(function):
+        if isinstance(statement, ast.Return):
+            value = statement.value
+            literal = isinstance(value, ast.Constant) and isinstance(value.value, bool)
+            if not (literal or _only_asks(value, set())):
+                return False
+        elif (isinstance(statement, ast.If) and not _only_asks(statement.test, set())) or (
+            isinstance(statement, ast.stmt)
+            and not (
+                isinstance(statement, ast.FunctionDef | ast.If | ast.Return)
+                or _docstring(statement)
+            )
+        ):
+            return False
+    return True
+
+
+def _docstring(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+
+
 def _targets(node: ast.AST) -> list[ast.expr]:
     if isinstance(node, ast.Assign):
         return [t for target in node.targets for t in ast.walk(target)]

@@ -9,7 +9,13 @@ import pytest
 from accelify.rules.checks.logger_on_every_process import LoggerOnEveryProcess
 from accelify.rules.engine import lint
 from accelify.transform.convert import convert
-from accelify.transform.neighbours import distributing_functions, fetching_imports, passes_through
+from accelify.transform.neighbours import (
+    backward_beside,
+    distributing_functions,
+    fetching_imports,
+    passes_through,
+    process_query,
+)
 
 DOWNLOADER = """
 import urllib.request
@@ -102,6 +108,143 @@ def test_helpers_that_start_the_process_group_are_found_through_module_imports(
         _script(tmp_path), ["util.misc.init_distributed_mode", "util.misc.get_rank", "os.getcwd"]
     )
     assert found == {"util.misc.init_distributed_mode"}
+
+
+QUERIES = """
+import os
+import torch.distributed as dist
+
+def is_dist_avail_and_initialized():
+    if not dist.is_available():
+        return False
+    if not dist.is_initialized():
+        return False
+    return True
+
+def get_world_size():
+    if not is_dist_avail_and_initialized():
+        return 1
+    return dist.get_world_size()
+
+def get_rank():
+    \"\"\"This process's rank.\"\"\"
+    return dist.get_rank() if dist.is_initialized() else 0
+
+def two_when_alone():
+    if not is_dist_avail_and_initialized():
+        return 2
+    return dist.get_world_size()
+
+def from_the_environment():
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+def of_a_group(group):
+    return dist.get_world_size(group)
+
+def noisy():
+    print("asked")
+    return dist.get_rank() if dist.is_initialized() else 0
+
+def checks_something_else():
+    if os.environ.get("X"):
+        return 1
+    return dist.get_world_size()
+"""
+
+
+def test_helpers_that_answer_torch_distributeds_queries_are_read_as_the_process_count(
+    tmp_path: Path,
+) -> None:
+    """DETR's, DeiT's and MAE's util/misc.py: rank 0 of 1 until the group starts, then dist's
+    answers, which the accelerator's equal once it starts the group."""
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text(QUERIES)
+    script = _script(tmp_path)
+    found = {
+        name: process_query(script, f"util.misc.{name}")
+        for name in ("get_world_size", "get_rank", "two_when_alone", "from_the_environment",
+                     "of_a_group", "noisy", "checks_something_else", "absent")
+    }  # fmt: skip
+    assert found == {
+        "get_world_size": "get_world_size", "get_rank": "get_rank", "two_when_alone": None,
+        "from_the_environment": None, "of_a_group": None, "noisy": None,
+        "checks_something_else": None, "absent": None,
+    }  # fmt: skip
+    assert process_query(script, "misc.get_rank") is None  # not beside the script
+
+
+SAMPLED = """
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+import util.misc as utils
+
+def main(args):
+    utils.init_distributed_mode(args)
+    device = torch.device(args.device)
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    num_tasks = utils.get_world_size()
+    global_rank = utils.get_rank()
+    sampler = DistributedSampler(data, num_replicas={replicas}, rank={rank}, shuffle=True)
+    loader = DataLoader(data, sampler=sampler, batch_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    ("replicas", "rank", "converts"),
+    [
+        ("num_tasks", "global_rank", True),
+        ("utils.get_world_size()", "utils.get_rank()", True),
+        ("global_rank", "num_tasks", False),  # swapped: not the accelerator's shards
+        ("num_tasks", "0", False),
+    ],
+)
+def test_a_sampler_sharded_by_the_helpers_answers_becomes_the_prepared_loaders(
+    tmp_path: Path, replicas: str, rank: str, converts: bool
+) -> None:
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text(
+        QUERIES + "\ndef init_distributed_mode(args):\n    dist.init_process_group('gloo')\n"
+    )
+    script = SAMPLED.format(replicas=replicas, rank=rank)
+    result = convert(script, path=_script(tmp_path))
+    assert ("accelerator.prepare(model, optimizer, loader)" in result.code) is converts
+    if not converts:
+        (note,) = result.manual
+        assert note.refusal == "ACR303" and "is not one accel-convert recognises" in note.message
+
+
+def test_a_launcher_whose_module_runs_no_backward_is_named_truly(tmp_path: Path) -> None:
+    """DeiT's engine.train_one_epoch hands the loss to timm's loss scaler: giving the folder
+    would not help, and the note says so."""
+    (tmp_path / "engine.py").write_text(
+        "def train_one_epoch(model, loader, optimizer, scaler):\n"
+        "    for x, y in loader:\n        scaler(model(x).mean(), optimizer)\n"
+    )
+    script = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from engine import train_one_epoch\n\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)))\n"
+        "train_one_epoch(model, loader, optimizer, None)\n"
+    )
+    assert backward_beside(_script(tmp_path), "engine.train_one_epoch") == ("engine.py", False)
+    (note,) = convert(script, path=_script(tmp_path)).notes
+    assert "engine.py runs no .backward() either" in note.message
+    (tmp_path / "engine.py").write_text(
+        "def train_one_epoch(model, loader, optimizer, scaler):\n"
+        "    for x, y in loader:\n        model(x).mean().backward()\n"
+    )
+    (note,) = convert(script, path=_script(tmp_path)).notes
+    assert "give it this file with the one that trains" in note.message
 
 
 def test_a_script_whose_helper_starts_the_process_group_stays_unchanged(tmp_path: Path) -> None:

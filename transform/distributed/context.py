@@ -35,6 +35,8 @@ class Rewrite:
     dropped: list[cst.CSTNode] = field(default_factory=list)  # branches only a 1-process run took
     # (owner, key) of every name or ``self.`` attribute a DistributedDataParallel was bound to.
     wrapped: set[tuple[int, str]] = field(default_factory=set)
+    # qualified name -> the torch.distributed query its function beside the file answers.
+    queries: dict[str, str | None] = field(default_factory=dict)
 
     def changed(self, node: cst.CSTNode, message: str) -> None:
         self.notes.append(Note(self.analysis.line(node), message))

@@ -16,6 +16,7 @@ import libcst as cst
 from accelify.transform.analysis import Binding
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.names import Names
+from accelify.transform.neighbours import process_query
 from accelify.transform.patterns import dotted_name, keyword_arg, placeholder
 from accelify.transform.walk import nodes
 
@@ -158,7 +159,28 @@ def rank_uses(r: Rewrite) -> None:
 
 def kind_of(r: Rewrite, expr: cst.BaseExpression) -> str | None:
     """What a rank read or a name holding one stands for."""
-    return r.rank_reads.get(id(expr)) or source(r.analysis.names, expr) or r.rank_of(expr)
+    return (
+        r.rank_reads.get(id(expr))
+        or source(r.analysis.names, expr)
+        or _helper_query(r, expr)
+        or r.rank_of(expr)
+    )
+
+
+def _helper_query(r: Rewrite, expr: cst.BaseExpression) -> str | None:
+    """``utils.get_world_size()`` whose function, beside the file, answers torch.distributed's
+    query (:func:`~accelify.transform.neighbours.process_query`). The call stays: it reads the
+    process group the accelerator starts, so it equals the accelerator's answer once one exists,
+    which is where the rewrite reads it (a sampler's ``num_replicas``)."""
+    if not isinstance(expr, cst.Call) or expr.args:
+        return None
+    qualified = r.analysis.names.qualify(expr.func)
+    if qualified is None or "." not in qualified:
+        return None
+    if qualified not in r.queries:
+        r.queries[qualified] = process_query(r.path, qualified)
+    query = r.queries[qualified]
+    return _QUERIES[query] if query is not None else None
 
 
 def _guard(r: Rewrite, comparison: cst.Comparison) -> None:

@@ -26,7 +26,9 @@ from accelify.transform.refusals import DDP_SAMPLER
 from accelify.transform.walk import nodes
 
 # The sampler's arguments that only say which shard: the prepared loader knows them.
-_SHARD = frozenset({"num_replicas", "rank"})
+# What each sharding argument must read for the shards to be the accelerator's (a local rank
+# is the global one on one machine; on several, the prepared loader stops repeating shards).
+_SHARD = {"num_replicas": {"num_processes"}, "rank": {"process_index", "local_process_index"}}
 _PLAIN = {"True": "RandomSampler", "False": "SequentialSampler"}  # by shuffle
 
 
@@ -85,7 +87,7 @@ def drop_samplers(r: Rewrite) -> None:
 def _shuffle(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
     for arg in call.args[1:]:
         name = arg.keyword.value if arg.keyword is not None else None
-        if name == "shuffle" or (name in _SHARD and kind_of(r, arg.value) is not None):
+        if name == "shuffle" or (name in _SHARD and kind_of(r, arg.value) in _SHARD[name]):
             continue
         if name == "drop_last" and _is_false(arg.value):
             continue  # the sampler's default

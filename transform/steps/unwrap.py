@@ -46,6 +46,10 @@ _BOOKKEEPING = frozenset({"state_dict", "load_state_dict"})
 _METADATA = frozenset(
     {"new", "new_zeros", "new_ones", "new_empty", "new_full", "device", "dtype", "is_cuda", "data"}
 )
+# What builds a new tensor from sizes (``Variable`` wraps one, as old scripts write it).
+_FACTORIES = frozenset(
+    {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "tensor", "Variable"}
+)
 # Values an attribute may be set to and stay plain data: numbers, names, ``args.hidden``, sums.
 _PLAIN_CALLS = frozenset({"int", "float", "len", "bool", "str", "max", "min"})
 
@@ -140,7 +144,7 @@ def _reads_only_data(a: Analysis, cls: str, scope: Scope, models: set[str], seen
 
 def _sizes(a: Analysis, attribute: cst.Attribute, weights: set[str]) -> bool:
     """Whether ``self.n_layers`` (through arithmetic and tuples) only sizes a new tensor:
-    an argument of a ``torch`` call, ``Variable(...)`` or ``weight.new_zeros(...)``."""
+    an argument of ``torch.zeros(...)`` and its kin, or of ``weight.new_zeros(...)``."""
     node: cst.CSTNode = attribute
     parent = a.parent(node)
     while isinstance(parent, cst.BinaryOperation | cst.UnaryOperation | cst.Element | cst.Tuple):
@@ -150,9 +154,9 @@ def _sizes(a: Analysis, attribute: cst.Attribute, weights: set[str]) -> bool:
         return False
     name = dotted_name(call.func) or ""
     head, _, last = name.rpartition(".")
-    return (
-        name.startswith("torch.") or name == "Variable" or (head in weights and last in _METADATA)
-    )
+    if head in weights:
+        return last in _METADATA
+    return last in _FACTORIES and (head.split(".")[0] == "torch" or name == "Variable")
 
 
 def _parameter_names(a: Analysis, scope: Scope, this: str) -> set[str]:
