@@ -104,7 +104,10 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         ("model_extra", "loss"),
-        lambda c: c["model_extra"] != "start_logits" or c["loss"] != "model_returns",
+        lambda c: (
+            c["model_extra"] not in ("start_logits", "sample_in_step")
+            or c["loss"] != "model_returns"
+        ),
         "a model that returns its loss computes its logits itself",
     ),
     Rule(
@@ -166,7 +169,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         ("model_extra", "eval"),
-        lambda c: c["model_extra"] in ("none", "start_logits") or c["eval"] != "none",
+        lambda c: (
+            c["model_extra"] in ("none", "start_logits", "sample_in_step") or c["eval"] != "none"
+        ),
         "the extra model methods are used by the evaluation",
     ),
     Rule(

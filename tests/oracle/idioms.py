@@ -382,7 +382,7 @@ def _net(c: Ctx, name: str, layers: Lines, encode: str, head: str) -> Lines:
         ]
     else:
         lines += ["    def forward(self, x):", f"        return {head.format(features)}"]
-    if extra == "predict":
+    if extra in ("predict", "sample_in_step"):
         lines += ["", "    def predict(self, x):", "        return self.forward(x).argmax(dim=1)"]
     if extra == "start_logits":
         lines += [
@@ -481,6 +481,7 @@ MODEL_EXTRA: dict[str, Idiom] = {
     "encode": {},  # feature norms from model.encode(x)
     "num_classes": {},  # per-class counts sized by model.num_classes
     "start_logits": {},  # the training adds model.start_logits(n), zeros like an init_hidden
+    "sample_in_step": {},  # the training step draws sample = model.predict(x[:2]), used by nothing
 }
 
 MODEL_MOVE: dict[str, Idiom] = {
@@ -508,7 +509,10 @@ TRAIN_MODE: dict[str, Idiom] = {
 
 def _loss(c: Ctx, expr: str) -> Lines:
     x, _ = c.xy
-    return [f"output = {c.forward(x)}", f"loss = {expr}{_inline_div(c)}"]
+    lines = [f"output = {c.forward(x)}", f"loss = {expr}{_inline_div(c)}"]
+    if c.v("model_extra") == "sample_in_step":  # a sample drawn for its value, kept from the loss
+        lines.append(f"sample = {c.model}.predict({x}[:2])")
+    return lines
 
 
 def _inline_div(c: Ctx) -> str:

@@ -8,20 +8,28 @@ adds: ``model.decode(z)``, ``model.init_hidden(n)`` or ``policy.rewards`` raise 
 would not load into a plain model. Both go through ``accelerator.unwrap_model(model)``, as HF's
 guides write them; on one process, or on a model not yet prepared, it returns the model itself.
 A method the training step itself calls is refused instead: computing the loss through the bare
-module would bypass the wrapper, and the replicas would not stay synchronised. Unless the method,
-read in the model's class in this file, runs none of the module: ``init_hidden`` returning
-``torch.zeros(self.n_layers, batch, self.hidden_size)`` reads only plain attributes set in the
-class, and ``next(self.parameters()).new_zeros(...)`` only a parameter's device and dtype; what
-it returns is the same through the bare module, which computes nothing on it.
+module would bypass the wrapper, and the replicas would not stay synchronised. Unless what the
+call computes cannot reach that loss:
+
+- the method, read in the model's class in this file, runs none of the module: ``init_hidden``
+  returning ``torch.zeros(self.n_layers, batch, self.hidden_size)`` reads only plain attributes
+  set in the class, and ``next(self.parameters()).new_zeros(...)`` only a parameter's device and
+  dtype; what it returns is the same through the bare module, which computes nothing on it;
+- or the call is made for its value and nothing computed from it feeds a backward pass of the
+  function: a sample drawn with ``model.generate(...)`` every N steps to be printed or logged.
+  Read over the whole function, whatever the order (a value kept for the next iteration
+  counts), through assignments, calls that may store it (``samples.append(out)``) and the
+  file's functions that train on what they are given. A call made for what it does
+  (``model.save()``) may write on every process: refused.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.analysis import Analysis, Scope, key_of, names_in
 from accelify.transform.participation import built_models
-from accelify.transform.patterns import dotted_name
+from accelify.transform.patterns import callee_name, dotted_name
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import BARE_MODULE
 from accelify.transform.setup import Refused, in_training_step, origins
@@ -77,12 +85,14 @@ def unwrap(plan: Plan) -> None:
             and node.attr.value not in _BOOKKEEPING
             and in_training_step(a, node)
             and not _runs_none_of_the_module(plan, found, node.attr.value)
+            and (why := _not_aside(a, scope, a.parent(node))) is not None  # type: ignore[arg-type]
         ):
             raise Refused(
                 node,
                 BARE_MODULE,
                 f"the training step calls {key}.{node.attr.value}(...), which the prepared "
-                f"(wrapped) model does not have; call {key}(...) itself or convert by hand",
+                f"(wrapped) model does not have, {why}; call {key}(...) itself or convert by "
+                "hand",
             )
         accelerator = plan.accelerator(node)
         unwrapped = cst.Call(
@@ -238,4 +248,72 @@ def _plain(value: cst.BaseExpression | None) -> bool:
         return _plain(value.left) and _plain(value.right)
     if isinstance(value, cst.Call) and dotted_name(value.func) in _PLAIN_CALLS:
         return all(_plain(arg.value) for arg in value.args)
+    return False
+
+
+_RESULT = "<result>"  # stands for the call's value in the flow below
+
+
+def _not_aside(a: Analysis, scope: Scope, call: cst.Call) -> str | None:
+    """Why the bare module may not make ``call``, or None for a call made for its value
+    (``sample = model.generate(...)``) none of which feeds a backward pass. One made for what
+    it does (``model.save()``) may write on every process."""
+    if isinstance(a.parent(call), cst.Expr):
+        return "and it is called for what it does, which every process would do"
+    if _feeds_backward(a, scope, call):
+        return "and what it returns reaches a backward pass, bypassing the wrapper"
+    return None
+
+
+def _feeds_backward(a: Analysis, scope: Scope, call: cst.Call) -> bool:
+    """Whether a value computed from ``call`` may reach a ``.backward()`` in ``scope``: the
+    names each statement of the function makes from others (an assignment's targets from its
+    value, a loop's target from its iterable, ``x.m(...)``'s receiver from its arguments),
+    followed back from what the backward passes are called on and with."""
+    made: dict[str, set[str]] = {}
+
+    def read(expr: cst.CSTNode) -> set[str]:
+        found = {n.value for n in names_in(expr)}
+        return found | {_RESULT} if any(c is call for c in nodes(expr, cst.Call)) else found
+
+    def make(targets: list[cst.BaseExpression], source: cst.CSTNode) -> None:
+        for target in targets:
+            for name in names_in(target):
+                made.setdefault(name.value, set()).update(read(source))
+
+    for node in nodes(scope.node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.Call)):
+        if isinstance(node, cst.Assign):
+            make([t.target for t in node.targets], node.value)
+        elif isinstance(node, cst.AugAssign | cst.AnnAssign) and node.value is not None:
+            make([node.target], node.value)
+        elif isinstance(node, cst.For):
+            make([node.target], node.iter)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.args:
+            make([node.func.value], cst.Tuple([cst.Element(arg.value) for arg in node.args]))
+    wanted: set[str] = set()
+    for node in nodes(scope.node, cst.Call):
+        arguments = read(cst.Tuple([cst.Element(arg.value) for arg in node.args]))  # type: ignore[attr-defined]
+        if callee_name(node) == "backward" and isinstance(node.func, cst.Attribute):  # type: ignore[arg-type]
+            wanted |= read(node.func.value) | arguments
+        elif (callee := a.callee(node)) is not None and _runs_backward(a, callee, set()):  # type: ignore[arg-type]
+            wanted |= arguments  # a function of this file that trains on what it is given
+    seen: set[str] = set()
+    while wanted - seen:
+        name = (wanted - seen).pop()
+        seen.add(name)
+        wanted |= made.get(name, set())
+    return _RESULT in seen
+
+
+def _runs_backward(a: Analysis, scope: Scope, seen: set[int]) -> bool:
+    """Whether ``scope`` calls ``.backward()``, itself or through the file's functions."""
+    if id(scope.node) in seen:
+        return False
+    seen.add(id(scope.node))
+    for call in nodes(scope.node, cst.Call):
+        if callee_name(call) == "backward":  # type: ignore[arg-type]
+            return True
+        callee = a.callee(call)  # type: ignore[arg-type]
+        if callee is not None and _runs_backward(a, callee, seen):
+            return True
     return False
