@@ -50,6 +50,42 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_rng_state(rng)
 
 
+# --- scripts under torchrun --------------------------------------------------------------------
+
+# What a rank prints when a gloo thread takes the GIL from the finalizing interpreter after the
+# script has ended (pytorch#190489): accel-run's workers leave before that teardown, torchrun's
+# do not (clean-clone CI runs died of it on fixtures/runtime/local_sgd_hooks.py, then on
+# track_toy.py).
+TEARDOWN_ABORT = "terminate called without an active exception"
+TEARDOWN_TRIES = 3
+
+
+def torchrun(processes: int) -> list[str]:
+    """The command that runs a script on ``processes`` CPU processes under torchrun (the
+    interpreter alone for one). ``--standalone`` lets the agent bind a free port itself: a port
+    picked here could be taken by a parallel test before the agent binds it."""
+    if processes == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(processes)]  # fmt: skip
+
+
+def run_past_teardown(
+    command: list[str], env: dict[str, str], retry: bool, clear: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command``; with ``retry`` (torchrun on several processes), again when a rank that
+    finished its work only aborted in the interpreter's teardown (TEARDOWN_ABORT). ``clear``:
+    a folder emptied before each new try, so no try reads what an aborted one wrote."""
+    for attempt in range(TEARDOWN_TRIES if retry else 1):
+        if attempt and clear is not None:
+            shutil.rmtree(clear, ignore_errors=True)
+            clear.mkdir(parents=True)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if result.returncode == 0 or TEARDOWN_ABORT not in result.stderr:
+            break
+    return result
+
+
 # --- sharded backends: fixtures/runtime/train_sharded.py through the real accel-run -------------
 
 SHARDED_SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "runtime" / "train_sharded.py"

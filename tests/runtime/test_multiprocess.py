@@ -10,22 +10,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from .conftest import TEARDOWN_ABORT, run_past_teardown, torchrun
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "runtime" / "train_toy.py"
 SAMPLES = 22
-# What a rank prints when a gloo thread takes the GIL from the finalizing interpreter after the
-# script has ended (pytorch#190489): accel-run's workers leave before that teardown, torchrun's
-# do not (one job of a clean-clone CI run, on fixtures/runtime/local_sgd_hooks.py, died of it).
-TEARDOWN_ABORT = "terminate called without an active exception"
-TEARDOWN_TRIES = 3
 
 
 def _run(
@@ -42,27 +38,11 @@ def _run(
     Under torchrun the interpreter's own teardown runs after the script, and torch's exit race
     (see TEARDOWN_ABORT) can abort a rank that finished its work: such a run is run again."""
     ours = launcher is not None
-    if launcher is not None:
-        launcher = [*launcher, "--num-processes", str(processes)]
-    else:
-        launcher = [sys.executable]
-        if processes > 1:
-            # --standalone lets the agent bind a free port itself: a port picked here could be
-            # taken by a parallel test before the agent binds it.
-            launcher += ["-m", "torch.distributed.run", "--standalone"]
-            launcher += ["--nproc-per-node", str(processes)]
+    command = [*launcher, "--num-processes", str(processes)] if ours else torchrun(processes)
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_"))}
     variables.update(OMP_NUM_THREADS="1", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", **(env or {}))
-    for _ in range(TEARDOWN_TRIES if processes > 1 and not ours else 1):
-        result = subprocess.run(
-            [*launcher, str(script), str(out), *args],
-            env=variables,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode == 0 or TEARDOWN_ABORT not in result.stderr:
-            break
+    command += [str(script), str(out), *args]
+    result = run_past_teardown(command, variables, retry=processes > 1 and not ours)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -146,3 +126,26 @@ def test_resuming_in_new_processes_equals_training_straight_through(runs: dict) 
     for straight, resumed in zip(runs["two"], runs["resumed"], strict=True):
         assert resumed["seen"] == straight["seen"][1:]
         assert resumed["params"] == straight["params"]
+
+
+def test_a_run_that_only_aborted_in_the_teardown_runs_again_from_an_empty_folder(
+    tmp_path: Path,
+) -> None:
+    """The retry the torchrun runs above rely on: a failure that is not the teardown abort, or
+    a launch told not to retry, is reported as it is."""
+    out, tries = tmp_path / "out", tmp_path / "tries"
+    out.mkdir()
+    (out / "written").write_text("by the aborted try")
+    code = (
+        "import pathlib, sys\n"
+        f"tries, out = pathlib.Path({str(tries)!r}), pathlib.Path({str(out)!r})\n"
+        "n = int(tries.read_text()) if tries.exists() else 0\n"
+        "tries.write_text(str(n + 1))\n"
+        "assert n == 0 or not (out / 'written').exists()\n"
+        f"sys.exit(0 if n else {TEARDOWN_ABORT!r})\n"
+    )
+    result = run_past_teardown([sys.executable, "-c", code], dict(os.environ), True, clear=out)
+    assert result.returncode == 0 and tries.read_text() == "2" and out.is_dir()
+    tries.unlink()
+    once = run_past_teardown([sys.executable, "-c", code], dict(os.environ), False, clear=out)
+    assert once.returncode == 1 and TEARDOWN_ABORT in once.stderr and tries.read_text() == "1"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -25,6 +24,8 @@ from accelify.runtime import (
     state,
     tracking,
 )
+
+from .conftest import run_past_teardown, torchrun
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
@@ -236,19 +237,11 @@ def test_tracker_methods_skip_other_processes_when_main_process_only(
 
 
 def _run_script(project_dir: Path, *args: str, processes: int = 1) -> list[dict]:
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone"]
-        launcher += ["--nproc-per-node", str(processes)]
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_"))}
     variables["OMP_NUM_THREADS"] = "1"
-    result = subprocess.run(
-        [*launcher, str(SCRIPT), str(project_dir), "--log_with", "tensorboard", *args],
-        env=variables,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    command = [*torchrun(processes), str(SCRIPT), str(project_dir), "--log_with", "tensorboard"]
+    # A retried run starts from an empty folder: the aborted one's event file would count twice.
+    result = run_past_teardown([*command, *args], variables, processes > 1, clear=project_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     return sorted(reports, key=lambda report: report["rank"])
