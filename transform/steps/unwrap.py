@@ -252,6 +252,11 @@ def _plain(value: cst.BaseExpression | None) -> bool:
 
 
 _RESULT = "<result>"  # stands for the call's value in the flow below
+# Builtins that write into nothing they are handed (``print(x, sample)`` leaves ``x`` as it was).
+_READS_ONLY = frozenset(
+    {"print", "len", "str", "repr", "int", "float", "bool", "isinstance", "range", "enumerate",
+     "zip", "sorted", "list", "tuple", "dict", "set", "min", "max", "sum", "abs", "round"}
+)  # fmt: skip
 
 
 def _not_aside(a: Analysis, scope: Scope, call: cst.Call) -> str | None:
@@ -268,8 +273,9 @@ def _not_aside(a: Analysis, scope: Scope, call: cst.Call) -> str | None:
 def _feeds_backward(a: Analysis, scope: Scope, call: cst.Call) -> bool:
     """Whether a value computed from ``call`` may reach a ``.backward()`` in ``scope``: the
     names each statement of the function makes from others (an assignment's targets from its
-    value, a loop's target from its iterable, ``x.m(...)``'s receiver from its arguments),
-    followed back from what the backward passes are called on and with."""
+    value, a loop's target from its iterable, a call's receiver and the names it is handed
+    from all it is handed, but an imported module: ``torch.argmax(out)`` stores nothing in
+    ``torch``), followed back from what the backward passes are called on and with."""
     made: dict[str, set[str]] = {}
 
     def read(expr: cst.CSTNode) -> set[str]:
@@ -288,8 +294,17 @@ def _feeds_backward(a: Analysis, scope: Scope, call: cst.Call) -> bool:
             make([node.target], node.value)
         elif isinstance(node, cst.For):
             make([node.target], node.iter)
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.args:
-            make([node.func.value], cst.Tuple([cst.Element(arg.value) for arg in node.args]))
+        elif isinstance(node, cst.Call) and node.args:
+            given = cst.Tuple([cst.Element(arg.value) for arg in node.args])
+            receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+            if isinstance(receiver, cst.Name) and receiver.value in a.names.imports:
+                receiver = None  # ``torch.argmax(out)`` stores nothing in ``torch``...
+            # ... but ``np.copyto(dst, out)`` and ``out=`` may write into a name they are given.
+            pure = isinstance(node.func, cst.Name) and node.func.value in _READS_ONLY
+            written = (
+                [] if pure else [arg.value for arg in node.args if isinstance(arg.value, cst.Name)]
+            )
+            make([*([receiver] if receiver is not None else []), *written], given)
     wanted: set[str] = set()
     for node in nodes(scope.node, cst.Call):
         arguments = read(cst.Tuple([cst.Element(arg.value) for arg in node.args]))  # type: ignore[attr-defined]
