@@ -361,8 +361,8 @@ def _explain_hidden_step(plan: Plan) -> None:
             continue
         func = a.module.code_for_node(call.func)
         handed = _training_objects_handed(a, scope, call)
-        beside = backward_beside(a.path, a.names.qualify(call.func) or func)
-        if launcher and handed and beside is not None and not beside[1]:
+        beside = backward_beside(a.path, a.names.qualify(call.func) or func) if handed else None
+        if launcher and beside is not None and not beside[1]:
             plan.info(
                 call,
                 f"left unchanged: training runs inside {func}(...), on the {', '.join(handed)} "

@@ -86,29 +86,27 @@ def process_query(path: str, qualified: str) -> str | None:
     is (rank 0 of 1). Research code's ``util/misc.py`` defines both so."""
     tree, name = _beside(path, qualified)
     function = _defined_in(tree, name, ast.FunctionDef)
-    if function is None or _has_parameters(function) or function.decorator_list:
+    if function is None or function.decorator_list:
         return None
     started = {
         helper.name
         for helper in tree.body  # type: ignore[union-attr]  # a function was found in it
-        if isinstance(helper, ast.FunctionDef) and _tests_started(helper, frozenset())
+        if isinstance(helper, ast.FunctionDef) and _tests_started(helper)
     }
+    parts = _tests_and_returns(function)
+    if parts is None:
+        return None  # an assignment, a loop, a call: more than the query
     answers = set()
-    for statement in ast.walk(function):
-        if isinstance(statement, ast.Return) and isinstance(statement.value, ast.IfExp):
-            choice = statement.value  # ``dist.get_rank() if dist.is_initialized() else 0``
+    for part in parts:
+        if isinstance(part, ast.If) and not _only_asks(part.test, started):
+            return None
+        if isinstance(part, ast.Return) and isinstance(part.value, ast.IfExp):
+            choice = part.value  # ``dist.get_rank() if dist.is_initialized() else 0``
             if not _only_asks(choice.test, started):
                 return None
             answers |= {_answer(choice.body), _answer(choice.orelse)}
-        elif isinstance(statement, ast.Return):
-            answers.add(_answer(statement.value))
-        elif isinstance(statement, ast.If) and not _only_asks(statement.test, started):
-            return None
-        elif isinstance(statement, ast.stmt) and not (
-            isinstance(statement, ast.FunctionDef | ast.If | ast.Return | ast.Pass)
-            or _docstring(statement)
-        ):
-            return None  # an assignment, a loop, a call: more than the query
+        elif isinstance(part, ast.Return):
+            answers.add(_answer(part.value))
     queries = {a for a in answers if isinstance(a, str)}
     if len(queries) != 1 or not answers <= {*queries, _QUERIES[next(iter(queries))]}:
         return None
@@ -157,25 +155,32 @@ _ASKING = (
 )
 
 
-def _tests_started(function: ast.FunctionDef, seen: frozenset[str]) -> bool:
+def _tests_started(function: ast.FunctionDef) -> bool:
     """``is_dist_avail_and_initialized()``: returns only whether the process group started."""
-    if _has_parameters(function) or function.name in seen:
-        return False
+    parts = _tests_and_returns(function)
+    return parts is not None and all(
+        _only_asks(part.test, set())
+        if isinstance(part, ast.If)
+        else (isinstance(part.value, ast.Constant) and isinstance(part.value.value, bool))
+        or _only_asks(part.value, set())
+        for part in parts
+    )
+
+
+def _tests_and_returns(function: ast.FunctionDef) -> list[ast.If | ast.Return] | None:
+    """The ``if``s and ``return``s of a function without parameters made of nothing else (but
+    its docstring and ``pass``), or None."""
+    if _has_parameters(function):
+        return None
+    parts = []
     for statement in ast.walk(function):
-        if isinstance(statement, ast.Return):
-            value = statement.value
-            literal = isinstance(value, ast.Constant) and isinstance(value.value, bool)
-            if not (literal or _only_asks(value, set())):
-                return False
-        elif (isinstance(statement, ast.If) and not _only_asks(statement.test, set())) or (
-            isinstance(statement, ast.stmt)
-            and not (
-                isinstance(statement, ast.FunctionDef | ast.If | ast.Return)
-                or _docstring(statement)
-            )
+        if isinstance(statement, ast.If | ast.Return):
+            parts.append(statement)
+        elif isinstance(statement, ast.stmt) and not (
+            isinstance(statement, ast.FunctionDef | ast.Pass) or _docstring(statement)
         ):
-            return False
-    return True
+            return None
+    return parts
 
 
 def _docstring(statement: ast.stmt) -> bool:
