@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accelify.transform.lines import start_lines
+from accelify.transform.loss_scaler import loss_scaler_beside
 from accelify.transform.names import NameCollector, Names
 from accelify.transform.neighbours import class_passes_through, passes_through
 from accelify.transform.patterns import (
@@ -104,7 +105,8 @@ class Analysis:
     bindings: list[Binding] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
     roles: dict[tuple[int, str], Role] = field(default_factory=dict)
-    # Every ``x.backward(...)`` call with the scope and innermost loop it runs in.
+    # Every ``x.backward(...)`` call with the scope and innermost loop it runs in, and every
+    # call of a loss scaler that runs one (``loss_scaler(loss, optimizer, ...)``).
     backward_calls: list[tuple[cst.Call, Scope, Loop | None]] = field(default_factory=list)
     # Parent links for statements and blocks, for steps that need to climb.
     parents: dict[int, cst.CSTNode] = field(default_factory=dict)
@@ -584,6 +586,33 @@ def _infer_roles(a: Analysis) -> None:
     _spread(a, give, links)
     if _roles_from_ordinals(a, give, links):
         _spread(a, give, links)
+    if _loss_scaler_steps(a):  # the loops they run in train: what they walk is a loader
+        _roles_from_usage(a, give)
+        _spread(a, give, links)
+
+
+def _loss_scaler_steps(a: Analysis) -> bool:
+    """Calls of loss scalers (:mod:`~accelify.transform.loss_scaler`) run a backward pass:
+    recorded with the others, their loops marked as training."""
+    found = False
+    for call, scope in a.calls:
+        key = key_of(call.func)
+        if key is None or a.role(scope, key) is not Role.LOSS_SCALER:
+            continue
+        loops = [lp for lp in a.loops if lp.scope is scope and a.contains(lp.node, call)]
+        for loop in loops:
+            loop.trains = True
+        innermost = max(loops, key=lambda lp: _depth(a, lp.node), default=None)
+        a.backward_calls.append((call, scope, innermost))
+        found = True
+    return found
+
+
+def _depth(a: Analysis, node: cst.CSTNode) -> int:
+    depth = 0
+    while (node := a.parent(node)) is not None:  # type: ignore[assignment]
+        depth += 1
+    return depth
 
 
 def _spread(a: Analysis, give: _RoleGiver, links: list[tuple[Scope, str, Scope, str]]) -> None:
@@ -688,8 +717,16 @@ def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
             role = Role.OPTIMIZER
         if role is None and is_device(b.value, by_name=False, names=a.names):
             role = Role.DEVICE
+        if role is None and isinstance(base, cst.Call) and _loss_scaler(a, base.func):
+            role = Role.LOSS_SCALER
         if role is not None:
             give(b.scope, b.key, role)
+
+
+def _loss_scaler(a: Analysis, cls: cst.BaseExpression) -> bool:
+    """A class imported from a module beside the file that runs the backward and the step."""
+    qualified = a.names.qualify(cls)
+    return qualified is not None and "." in qualified and loss_scaler_beside(a.path, qualified)
 
 
 def _roles_from_usage(a: Analysis, give: _RoleGiver) -> None:

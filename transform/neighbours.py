@@ -40,15 +40,15 @@ def fetching_imports(path: str, imports: Mapping[str, str]) -> frozenset[str]:
 def distributing_functions(path: str, qualified: Iterable[str]) -> frozenset[str]:
     """The qualified names (``util.misc.init_distributed_mode``) among ``qualified`` whose
     function, in a module next to ``path``, starts the process group."""
-    return neighbour_functions(path, qualified, lambda call: _callee(call) in PROCESS_GROUP)
+    return neighbour_functions(path, qualified, lambda call: callee(call) in PROCESS_GROUP)
 
 
 def assigned_attributes(path: str, qualified: str) -> frozenset[str] | None:
     """The attributes the function ``qualified`` (``util.misc.init_distributed_mode``), in a
     module beside ``path``, sets on its first parameter (``args.rank = ...``); None when it
     cannot be read."""
-    tree, function = _beside(path, qualified)
-    found = _defined_in(tree, function, ast.FunctionDef | ast.AsyncFunctionDef)
+    tree, function = beside(path, qualified)
+    found = defined_in(tree, function, ast.FunctionDef | ast.AsyncFunctionDef)
     if found is None or not found.args.args:
         return None
     first = found.args.args[0].arg
@@ -66,10 +66,10 @@ def backward_beside(path: str, qualified: str) -> tuple[str, bool] | None:
     """The module beside ``path`` that defines ``qualified`` (``engine.train_one_epoch``), named
     as a file, and whether it has a ``.backward()`` call; None when there is no such module."""
     module = qualified.lstrip(".").rpartition(".")[0]
-    tree, name = _beside(path, qualified)
-    if tree is None or _defined_in(tree, name, ast.FunctionDef) is None:
+    tree, name = beside(path, qualified)
+    if tree is None or defined_in(tree, name, ast.FunctionDef) is None:
         return None
-    trains = any(_callee(call) == "backward" for call in _calls(tree))
+    trains = any(callee(call) == "backward" for call in calls_in(tree))
     return _module_file(Path(path).parent, module).name, trains
 
 
@@ -84,8 +84,8 @@ def process_query(path: str, qualified: str) -> str | None:
     returns either ``dist.get_rank()`` or, behind a test of whether the process group started
     (``dist.is_initialized()``, or a helper of its module doing only that), what one process
     is (rank 0 of 1). Research code's ``util/misc.py`` defines both so."""
-    tree, name = _beside(path, qualified)
-    function = _defined_in(tree, name, ast.FunctionDef)
+    tree, name = beside(path, qualified)
+    function = defined_in(tree, name, ast.FunctionDef)
     if function is None or function.decorator_list:
         return None
     started = {
@@ -123,8 +123,8 @@ def _answer(value: ast.expr | None) -> str | int | None:
     if isinstance(value, ast.Constant) and type(value.value) is int:
         return value.value
     if isinstance(value, ast.Call) and not value.args and not value.keywords:
-        callee = _callee(value)
-        return callee if callee in _QUERIES and isinstance(value.func, ast.Attribute) else None
+        name = callee(value)
+        return name if name in _QUERIES and isinstance(value.func, ast.Attribute) else None
     return None
 
 
@@ -136,7 +136,7 @@ def _only_asks(test: ast.expr | None, started: set[str]) -> bool:
         isinstance(n, _ASKING)
         and (
             not isinstance(n, ast.Call)
-            or (not n.args and not n.keywords and _callee(n) in _STARTED | started)
+            or (not n.args and not n.keywords and callee(n) in _STARTED | started)
         )
         for n in nodes
     )
@@ -177,13 +177,13 @@ def _tests_and_returns(function: ast.FunctionDef) -> list[ast.If | ast.Return] |
         if isinstance(statement, ast.If | ast.Return):
             parts.append(statement)
         elif isinstance(statement, ast.stmt) and not (
-            isinstance(statement, ast.FunctionDef | ast.Pass) or _docstring(statement)
+            isinstance(statement, ast.FunctionDef | ast.Pass) or docstring(statement)
         ):
             return None
     return parts
 
 
-def _docstring(statement: ast.stmt) -> bool:
+def docstring(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
 
 
@@ -199,13 +199,13 @@ def passes_through(path: str, qualified: str, method: str) -> bool:
     """Whether ``method`` of the class ``qualified`` (``util.misc.MetricLogger``), in a module
     beside ``path``, hands a loop each item of its first argument, once and in order: research
     code's ``metric_logger.log_every(data_loader, ...)`` is the loader's own batches."""
-    tree, name = _beside(path, qualified)
+    tree, name = beside(path, qualified)
     return tree is not None and class_passes_through(tree, name, method)
 
 
 def class_passes_through(tree: ast.Module, name: str, method: str) -> bool:
     """:func:`passes_through` for the top-level class ``name`` of ``tree``."""
-    cls = _defined_in(tree, name, ast.ClassDef)
+    cls = defined_in(tree, name, ast.ClassDef)
     if cls is None or cls.decorator_list:
         return False
     if [ast.unparse(base) for base in cls.bases] not in ([], ["object"]):
@@ -214,14 +214,14 @@ def class_passes_through(tree: ast.Module, name: str, method: str) -> bool:
     return len(found) == 1 and _yields_each_item(found[0])
 
 
-def _beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
+def beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
     """The parsed module beside ``path`` that ``qualified`` (``util.misc.MetricLogger``) names
     a definition of (None when there is none to read), and the definition's name."""
     module, _, name = qualified.lstrip(".").rpartition(".")
     return (_parse(_module_file(Path(path).parent, module)) if module else None), name
 
 
-def _defined_in(
+def defined_in(
     node: ast.Module | ast.ClassDef | None, name: str, kind: type | tuple[type, ...]
 ) -> Any:
     """The one ``kind`` definition called ``name`` right in ``node``'s body, or None."""
@@ -276,7 +276,7 @@ def _yields_each_item(function: ast.FunctionDef) -> bool:
             if isinstance(n, ast.Name) and n.id == iterable
         )
         and not any(
-            _callee(n) in PROCESS_GROUP | PROCESS_GROUP_READS
+            callee(n) in PROCESS_GROUP | PROCESS_GROUP_READS
             for n in inner
             if isinstance(n, ast.Call)
         )
@@ -298,7 +298,7 @@ def _own_nodes(node: ast.AST) -> list[ast.AST]:
 def process_group_readers(path: str, qualified: Iterable[str]) -> frozenset[str]:
     """The names among ``qualified`` whose function, beside ``path``, asks torch.distributed
     about the processes (``get_rank()``, ``is_main_process()``)."""
-    return neighbour_functions(path, qualified, lambda call: _callee(call) in PROCESS_GROUP_READS)
+    return neighbour_functions(path, qualified, lambda call: callee(call) in PROCESS_GROUP_READS)
 
 
 def neighbour_functions(
@@ -345,24 +345,24 @@ def _functions_that(tree: ast.Module, does: Callable[[ast.Call], bool]) -> set[s
         for node in tree.body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
-    calls = {name: list(_calls(node)) for name, node in functions.items()}
+    calls = {name: list(calls_in(node)) for name, node in functions.items()}
     doing = {name for name, found in calls.items() if any(does(c) for c in found)}
     while True:  # a function calling one that does it does it too
         more = {
             name
             for name, found in calls.items()
-            if name not in doing and any(_callee(c) in doing for c in found)
+            if name not in doing and any(callee(c) in doing for c in found)
         }
         if not more:
             return doing
         doing |= more
 
 
-def _calls(node: ast.AST) -> Iterable[ast.Call]:
+def calls_in(node: ast.AST) -> Iterable[ast.Call]:
     return (n for n in ast.walk(node) if isinstance(n, ast.Call))
 
 
-def _callee(call: ast.Call) -> str | None:
+def callee(call: ast.Call) -> str | None:
     func = call.func
     if isinstance(func, ast.Attribute):
         return func.attr
@@ -374,7 +374,7 @@ def _fetches(call: ast.Call) -> bool:
         k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
         for k in call.keywords
     )
-    return download or _callee(call) in FETCHES
+    return download or callee(call) in FETCHES
 
 
 class ProjectRuns:
@@ -399,13 +399,13 @@ def opened_run(path: str, qualified: str) -> str | None:
     as it is built, named by it (``Logger (a tensorflow.summary.FileWriter)``): a project's own
     logger that wraps TensorBoard's or wandb's (``self.writer = tf.summary.FileWriter(log_dir)``
     in its ``__init__``) opens one per process, as they do."""
-    tree, name = _beside(path, qualified)
-    cls = _defined_in(tree, name, ast.ClassDef)
-    init = _defined_in(cls, "__init__", ast.FunctionDef)
+    tree, name = beside(path, qualified)
+    cls = defined_in(tree, name, ast.ClassDef)
+    init = defined_in(cls, "__init__", ast.FunctionDef)
     if init is None:
         return None
     imported = _imported(tree)  # type: ignore[arg-type]  # a class was found in it
-    for call in _calls(init):
+    for call in calls_in(init):
         dotted = _dotted(call.func)
         if dotted is None:
             continue

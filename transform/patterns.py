@@ -28,6 +28,7 @@ class Role(str, Enum):
     DATALOADER = "dataloader"
     SCHEDULER = "scheduler"
     SCALER = "scaler"
+    LOSS_SCALER = "loss scaler"  # runs the backward and the step itself (see loss_scaler.py)
     DEVICE = "device"
     ACCELERATOR = "accelerator"
 

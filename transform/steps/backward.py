@@ -2,6 +2,12 @@
 
 The accelerator scales the loss for mixed precision and gradient accumulation and calls the
 backend's own backward (DeepSpeed's engine, for one), which a bare ``.backward()`` would skip.
+
+A loss scaler's call (``loss_scaler(loss, optimizer, ...)``, :mod:`~accelify.transform.
+loss_scaler`) stays: its backward is in a helper module the program shares. With neither of the
+accelerator's mixed precision nor its accumulation, ``accelerator.backward(loss)`` is
+``loss.backward()``, and DDP averages the gradients of any backward through the prepared model,
+so the call trains as before; the report says which backends that holds for.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import libcst as cst
 from accelify.transform.analysis import Scope, key_of
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.refusals import UNSYNCED_GRADIENTS
+from accelify.transform.refusals import ACCUMULATION, MIXED_PRECISION, UNSYNCED_GRADIENTS
 from accelify.transform.setup import Refused, runs_ahead_of_builds
 
 
@@ -28,6 +34,9 @@ def backward(plan: Plan) -> None:
         return
     a = plan.analysis
     for call, scope, _loop in a.backward_calls:
+        if method_call(call, "backward") is None:
+            _keep_loss_scaler(plan, call)
+            continue
         receiver = call.func.value  # type: ignore[union-attr]
         if _is_scaled(plan, scope, receiver):
             continue  # the amp step's business
@@ -41,6 +50,31 @@ def backward(plan: Plan) -> None:
         accelerator = plan.accelerator(call)
         plan.edits.replace(call, lambda node, acc=accelerator: to_accelerator_backward(acc, node))
         plan.changed(call, swapped(a.module, receiver, receiver))
+
+
+def _keep_loss_scaler(plan: Plan, call: cst.Call) -> None:
+    scaler = plan.analysis.module.code_for_node(call.func)
+    if plan.options.mixed_precision is not None:
+        raise Refused(
+            call,
+            MIXED_PRECISION,
+            f"--mixed-precision: {scaler}(...) scales, runs the backward and steps with a "
+            "GradScaler of its own, in a helper the accelerator cannot take it from",
+        )
+    if plan.options.gradient_accumulation_steps is not None:
+        raise Refused(
+            call,
+            ACCUMULATION,
+            f"--gradient-accumulation-steps: {scaler}(...) runs the backward and steps on the "
+            "script's own schedule, in a helper accumulate() cannot hold",
+        )
+    plan.info(
+        call,
+        f"kept {scaler}(...): its loss scaler runs the backward, the clipping and the step "
+        "itself, as written, which is right under DDP (accel-run's default) with the "
+        "accelerator's default precision; DeepSpeed, FSDP or --mixed-precision at launch need "
+        "them through accelerator.backward() and accelerator.clip_grad_norm_()",
+    )
 
 
 def _is_scaled(plan: Plan, scope: Scope, receiver: cst.BaseExpression) -> bool:

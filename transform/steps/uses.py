@@ -381,6 +381,8 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         )
     if constructor_role(call, a.names) in (Role.OPTIMIZER, Role.SCHEDULER):
         return None
+    if _stepped_by_loss_scaler(a, use, call, arg):
+        return None
     if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
         return None
     if use.role is Role.DATALOADER and (last in _LOADER_READERS or id(call) in a.through):
@@ -404,6 +406,19 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         f"{use.key} is handed to {name or 'a call'}(...), which {unseen}: what "
         f"it does with the {what + ' ' if what else ''}{_noun(use.role)} (keep, wrap or train "
         "it) cannot be checked"
+    )
+
+
+def _stepped_by_loss_scaler(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg) -> bool:
+    """``loss_scaler(loss, optimizer, ...)``: a loss scaler steps the optimizer it is handed
+    second, as it is (``GradScaler.step``), like ``scaler.step(optimizer)``."""
+    key = key_of(call.func)
+    return (
+        use.role is Role.OPTIMIZER
+        and key is not None
+        and a.role(use.scope, key) is Role.LOSS_SCALER
+        and list(call.args).index(arg) == 1
+        and arg.keyword is None
     )
 
 

@@ -1,0 +1,200 @@
+"""Loss scalers that run the backward pass and the optimizer step for the script.
+
+MAE's and ConvNeXt's ``util/misc.py`` (after timm's ``NativeScaler``) train through
+``loss_scaler(loss, optimizer, clip_grad=..., parameters=model.parameters(), update_grad=...)``:
+the instance scales the loss, runs its backward, and, when ``update_grad`` says so, unscales,
+clips, steps the optimizer and updates the scale. Such a call is the training step, in a file
+that shows no ``.backward()``.
+
+A class counts only when it does nothing else (read with :mod:`ast`, never run):
+
+- ``__init__`` binds one ``GradScaler`` to an attribute, and nothing more;
+- ``__call__(self, loss, optimizer, ...)`` first runs ``self.<s>.scale(loss).backward(...)``,
+  then, under tests of its own parameters, only ``unscale_(optimizer)``, ``step(optimizer)``,
+  ``update()``, a clip or norm of its parameters bound to a name, ``assert`` and ``return``;
+- its other methods run no backward and step nothing (``state_dict`` hands the scaler's on);
+- it has no base class and no decorator, so no method is inherited from code not read here.
+
+A norm is a ``clip_grad_norm_``/``clip_grad_value_`` of torch, or a function of the same module
+that changes nothing: no in-place call (torch's end in ``_``), no backward or step, no store
+into an attribute or an item.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from accelify.transform.neighbours import beside, callee, calls_in, defined_in, docstring
+
+__all__ = ["is_loss_scaler", "loss_scaler_beside"]
+
+_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
+_STEPS = frozenset({"backward", "step", "zero_grad", "unscale_", "update"})
+
+
+def loss_scaler_beside(path: str, qualified: str) -> bool:
+    """Whether ``qualified`` (``util.misc.NativeScalerWithGradNormCount``) names such a class in
+    a module beside ``path``."""
+    tree, name = beside(path, qualified)
+    return tree is not None and is_loss_scaler(tree, name)
+
+
+def is_loss_scaler(tree: ast.Module, name: str) -> bool:
+    """Whether the top-level class ``name`` of ``tree`` is such a loss scaler."""
+    cls = defined_in(tree, name, ast.ClassDef)
+    if cls is None or cls.bases or cls.keywords or cls.decorator_list:
+        return False
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    if any(
+        not isinstance(n, ast.FunctionDef | ast.Assign) and not docstring(n) for n in cls.body
+    ) or len(methods) != sum(isinstance(n, ast.FunctionDef) for n in cls.body):
+        return False
+    scaler = _grad_scaler(methods.get("__init__"))
+    call = methods.get("__call__")
+    if scaler is None or call is None or call.decorator_list:
+        return False
+    others = [m for m in methods.values() if m.name not in {"__init__", "__call__"}]
+    if any(callee(c) in _STEPS for m in others for c in calls_in(m)):
+        return False
+    return _steps(call, scaler, _functions(tree))
+
+
+def _grad_scaler(init: ast.FunctionDef | None) -> str | None:
+    """The attribute ``__init__`` binds its one ``GradScaler`` to."""
+    if init is None or init.decorator_list:
+        return None
+    body = [s for s in init.body if not docstring(s)]
+    if len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
+        return None
+    target, value = body[0].targets[0], body[0].value
+    if not (_on_self(target) and isinstance(value, ast.Call) and callee(value) == "GradScaler"):
+        return None
+    return target.attr  # type: ignore[attr-defined]
+
+
+def _steps(call: ast.FunctionDef, scaler: str, functions: dict[str, ast.FunctionDef]) -> bool:
+    params = [a.arg for a in call.args.args]
+    if len(params) < 3 or call.args.vararg or call.args.kwarg:
+        return False
+    loss, optimizer = params[1], params[2]
+    body = [s for s in call.body if not docstring(s)]
+    if not body or not _scaled_backward(body[0], scaler, loss, set(params)):
+        return False
+    names = set(params)
+    return all(_after(s, scaler, optimizer, names, functions) for s in body[1:])
+
+
+def _scaled_backward(statement: ast.stmt, scaler: str, loss: str, params: set[str]) -> bool:
+    """``self.<scaler>.scale(<loss>).backward(<parameters only>)``."""
+    if not isinstance(statement, ast.Expr) or not isinstance(statement.value, ast.Call):
+        return False
+    backward = statement.value
+    scale = backward.func.value if isinstance(backward.func, ast.Attribute) else None
+    return (
+        callee(backward) == "backward"
+        and not backward.args
+        and all(_reads_only(k.value, params) for k in backward.keywords)
+        and isinstance(scale, ast.Call)
+        and _method_of(scale, scaler) == "scale"
+        and [ast.unparse(a) for a in scale.args] == [loss]
+        and not scale.keywords
+    )
+
+
+def _after(
+    statement: ast.stmt,
+    scaler: str,
+    optimizer: str,
+    names: set[str],
+    functions: dict[str, ast.FunctionDef],
+) -> bool:
+    """One statement after the backward: a test of the parameters around more of the same, an
+    assert, the scaler's unscale/step/update, a norm bound to a name, a return of one."""
+    if isinstance(statement, ast.If):
+        return _reads_only(statement.test, names) and all(
+            _after(s, scaler, optimizer, names, functions)
+            for s in [*statement.body, *statement.orelse]
+        )
+    if isinstance(statement, ast.Assert):
+        return _reads_only(statement.test, names)
+    if isinstance(statement, ast.Return):
+        return statement.value is None or _reads_only(statement.value, names)
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        method = _method_of(statement.value, scaler)
+        args = [ast.unparse(a) for a in statement.value.args]
+        return not statement.value.keywords and (
+            (method in {"unscale_", "step"} and args == [optimizer])
+            or (method == "update" and not args)
+        )
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+        if not isinstance(target, ast.Name):
+            return False
+        value = statement.value
+        fine = (isinstance(value, ast.Constant) and value.value is None) or (
+            isinstance(value, ast.Call) and _a_norm(value, names, functions)
+        )
+        names.add(target.id)  # the norm, returned at the end
+        return fine
+    return False
+
+
+def _a_norm(call: ast.Call, names: set[str], functions: dict[str, ast.FunctionDef]) -> bool:
+    arguments = [*call.args, *(k.value for k in call.keywords)]
+    if not all(_reads_only(a, names) for a in arguments):
+        return False
+    callee = ast.unparse(call.func)
+    if callee in {f"torch.nn.utils.{clip}" for clip in _CLIPS}:
+        return True
+    function = functions.get(callee)
+    return function is not None and _changes_nothing(function)
+
+
+def _changes_nothing(function: ast.FunctionDef) -> bool:
+    """No in-place call, no backward or step, no store into an attribute or an item, no
+    decorator, no global."""
+    if function.decorator_list:
+        return False
+    for node in ast.walk(function):
+        name = callee(node) or "" if isinstance(node, ast.Call) else ""
+        if isinstance(node, ast.Global | ast.Nonlocal) or name.endswith("_") or name in _STEPS:
+            return False
+        stored = isinstance(node, ast.Attribute | ast.Subscript) and not isinstance(
+            node.ctx, ast.Load
+        )
+        if stored:
+            return False
+    return True
+
+
+def _reads_only(expr: ast.expr, names: set[str]) -> bool:
+    """An expression of ``names`` and constants, with no call."""
+    return all(
+        not isinstance(n, ast.Call | ast.NamedExpr | ast.Lambda)
+        and (not isinstance(n, ast.Name) or n.id in names or n.id in {"None", "True", "False"})
+        for n in ast.walk(expr)
+    )
+
+
+def _method_of(call: ast.Call, scaler: str) -> str | None:
+    """``m`` of ``self.<scaler>.m(...)``."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and _on_self(func.value) and func.value.attr == scaler:  # type: ignore[attr-defined]
+        return func.attr
+    return None
+
+
+def _on_self(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
+
+
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    found: dict[str, list[ast.FunctionDef]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            found.setdefault(node.name, []).append(node)
+    return {name: nodes[0] for name, nodes in found.items() if len(nodes) == 1}
