@@ -12,8 +12,9 @@ program stays as it was, with the reason (ACR108).
 
 Only whole-statement ``from <module> import <names>`` lines at the script's top level join, for a
 module beside the script (Python's ``sys.path[0]``) that trains (a ``.backward()`` or a
-``.zero_grad()`` call, see ``_trains``) and is among the files given. A module imported that way by two scripts, or that imports training from a
-third file itself, keeps every file involved unchanged: its edits would serve one caller only.
+``.zero_grad()`` call, see ``_trains``) and is among the files given. A module imported that
+way by two scripts, or that imports training from a third file itself, keeps every file
+involved unchanged: its edits would serve one caller only.
 """
 
 from __future__ import annotations
