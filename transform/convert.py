@@ -357,8 +357,8 @@ def _explain_hidden_step(plan: Plan) -> None:
         launcher = name.startswith(("train", "fit"))  # train_model_simple, d2l.train_ch3
         if not (launcher or "TrainLoop" in name or name == "run_loop") or not call.args:
             continue
-        if a.callee(call) is not None:
-            continue
+        if a.callee(call) is not None or _a_models_method(a, scope, call):
+            continue  # model.train(mode) switches a mode
         func = a.module.code_for_node(call.func)
         handed = _training_objects_handed(a, scope, call)
         beside = backward_beside(a.path, a.names.qualify(call.func) or func) if handed else None
@@ -412,6 +412,12 @@ def _explain_hidden_step(plan: Plan) -> None:
                 TRAINING_ELSEWHERE,
             )
             return
+
+
+def _a_models_method(a: Analysis, scope: Scope, call: cst.Call) -> bool:
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    key = key_of(receiver) if receiver is not None else None
+    return key is not None and a.role(scope, key) is Role.MODEL
 
 
 def _training_objects_handed(a: Analysis, scope: Scope, call: cst.Call) -> list[str]:

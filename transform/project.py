@@ -242,6 +242,7 @@ def _convert_program(
     notes = _notes_by_file(result.notes, joined)
     if not result.changed:
         if result.reasons:  # a module trains for the script: its reason is the script's
+            _say_why_in_script(program, notes)
             script = Path(program.script).name
             why = f"left unchanged with {script}, which it trains for (see {script}'s report)"
             for module in program.modules:
@@ -258,6 +259,21 @@ def _convert_program(
         path: Result(codes[path], tuple(sorted(notes.get(path, ()))), source.text)
         for path, source in sources.items()
     }
+
+
+def _say_why_in_script(program: Program, notes: dict[str, list[Note]]) -> None:
+    """A script whose program stays unchanged for a module's reason says so, with that reason."""
+    if any(n.manual or n.info for n in notes.get(program.script, ())):
+        return
+    for module in program.modules:
+        why = next((n for n in notes.get(module, ()) if n.manual or n.info), None)
+        if why is not None:
+            reason = why.message.removeprefix("left unchanged: ")
+            message = f"left unchanged with {Path(module).name} (line {why.line}): {reason}"
+            notes.setdefault(program.script, []).append(
+                Note(program.line, message, info=True, refusal=why.refusal)
+            )
+            return
 
 
 class _NotJoined(Exception):

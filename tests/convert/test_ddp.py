@@ -274,3 +274,38 @@ def test_sync_the_script_schedules_keeps_its_schedule() -> None:
     code = _convert(LOADER, MODEL, optimizer, step).code
     assert "with accelerator.no_sync(model):\n" in code
     assert "        model.require_backward_grad_sync = i % 2 == 1\n" in code
+
+
+NAMED = "    sampler = DistributedSampler(data)\n"
+NAMED_LOADER = "    loader = DataLoader(data, batch_size=4, sampler=sampler)\n"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'print("Sampler_train = %s" % str(sampler))',
+        'print(f"sampler: {sampler}")',
+        "print(repr(sampler))",
+        'print("sampler", sampler)',
+    ],
+)
+def test_a_print_of_a_sampler_that_goes_goes_with_it(line: str) -> None:
+    """A DistributedSampler has no repr of its own: such a print shows its address only."""
+    result = _convert(NAMED, f"    {line}\n", NAMED_LOADER, MODEL, TRAIN)
+    assert result.changed
+    assert "sampler" not in result.code.split("def main():")[1].split("optimizer")[0]
+    assert any("removed the print of the DistributedSampler" in n.message for n in result.notes)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "print(len(sampler))",  # the shard's size: a number the script computed
+        "print(sampler, file=log)",  # written into a file
+        'print(f"{sampler!r:>40}")',  # formatted
+        "print(sampler.num_replicas)",  # read
+    ],
+)
+def test_any_other_read_of_a_sampler_is_refused(line: str) -> None:
+    result = _convert(NAMED, "    log = None\n", f"    {line}\n", NAMED_LOADER, MODEL, TRAIN)
+    assert "used other than by its DataLoader" in _refusal(result)

@@ -40,6 +40,7 @@ class _Named:
     shuffle: cst.BaseExpression
     binding: cst.CSTNode
     handed_to: set[str] = field(default_factory=set)  # "loader", "batches"
+    printed: list[cst.CSTNode] = field(default_factory=list)  # ``print(f"{sampler}")`` lines
 
 
 def drop_samplers(r: Rewrite) -> None:
@@ -82,6 +83,9 @@ def drop_samplers(r: Rewrite) -> None:
             )
         else:
             r.remove(sampler.binding)
+            for line in sampler.printed:
+                r.remove(line)
+                r.changed(line, "removed the print of the DistributedSampler, which goes")
 
 
 def _shuffle(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
@@ -295,6 +299,10 @@ def _uses(r: Rewrite, samplers: dict[tuple[int, str], _Named]) -> None:
                 ):
                     loaders[key] = binding.targets[0].target  # type: ignore[index]
                 continue
+            printed = _printed(a, name)
+            if printed is not None:
+                sampler.printed.append(printed)
+                continue
             _epoch_of(r, name, loaders.get(key))
     for attribute in nodes(a.module, cst.Attribute):
         if attribute.attr.value != "sampler":  # type: ignore[attr-defined]
@@ -302,6 +310,45 @@ def _uses(r: Rewrite, samplers: dict[tuple[int, str], _Named]) -> None:
         epoch = _set_epoch(a, a.parent(attribute))
         if epoch is not None:
             r.edits.replace(epoch, _epoch(attribute.value, epoch))  # type: ignore[attr-defined]
+
+
+def _printed(a: Analysis, name: cst.Name) -> cst.CSTNode | None:
+    """The line ``print(...)`` that only formats ``name`` (``"%s" % str(sampler)``, ``f"{s}"``,
+    ``repr(s)``): a DistributedSampler has no ``__repr__`` of its own, so it prints its address."""
+    node: cst.CSTNode = name
+    while True:
+        parent = a.parent(node)
+        if isinstance(parent, cst.Arg) and not parent.keyword and not parent.star:
+            call = a.parent(parent)
+            if not isinstance(call, cst.Call):
+                return None
+            if _builtin(a, call, "print"):
+                statement = a.parent(call)
+                line = a.parent(statement) if isinstance(statement, cst.Expr) else None
+                alone = isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+                return line if alone and not any(arg.keyword for arg in call.args) else None
+            if len(call.args) != 1 or not (_builtin(a, call, "str") or _builtin(a, call, "repr")):
+                return None
+            node = call
+        elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Modulo):
+            if parent.right is not node:
+                return None
+            node = parent
+        elif isinstance(parent, cst.FormattedStringExpression) and parent.format_spec is None:
+            node = a.parent(parent)  # type: ignore[assignment]
+        elif isinstance(parent, cst.Tuple | cst.Element | cst.FormattedString):
+            node = parent
+        else:
+            return None
+
+
+def _builtin(a: Analysis, call: cst.Call, name: str) -> bool:
+    return (
+        isinstance(call.func, cst.Name)
+        and call.func.value == name
+        and name not in a.names.defined
+        and a.names.qualify(call.func) is None
+    )
 
 
 def _epoch_of(r: Rewrite, name: cst.Name, loader: cst.BaseExpression | None) -> None:
