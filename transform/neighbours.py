@@ -195,6 +195,41 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     return []
 
 
+def uses_only_param_groups(path: str, qualified: str, arg: int | str) -> bool:
+    """Whether the function ``qualified`` (``util.lr_sched.adjust_learning_rate``), in a module
+    beside ``path``, reads the parameter a call hands ``arg`` (a position or a keyword) only as
+    ``<it>.param_groups``: a learning-rate schedule. A prepared optimizer hands on the groups of
+    the one it wraps, so such a function does the same to either."""
+    tree, name = beside(path, qualified)
+    function = defined_in(tree, name, ast.FunctionDef)
+    if function is None or function.decorator_list:
+        return False
+    arguments = function.args
+    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+    keywords = [*positional, *(a.arg for a in arguments.kwonlyargs)]
+    if isinstance(arg, int):
+        param = positional[arg] if arg < len(positional) else None
+    else:
+        param = arg if arg in keywords else None
+    if param is None:
+        return False
+    parents = {
+        id(child): node for node in ast.walk(function) for child in ast.iter_child_nodes(node)
+    }
+    uses = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == param]
+    nested = any(
+        isinstance(n, (*_SCOPES, ast.Global, ast.Nonlocal))
+        for n in ast.walk(function)
+        if n is not function
+    )
+    return not nested and all(
+        isinstance(n.ctx, ast.Load)
+        and isinstance(parent := parents.get(id(n)), ast.Attribute)
+        and parent.attr == "param_groups"
+        for n in uses
+    )
+
+
 def passes_through(path: str, qualified: str, method: str) -> bool:
     """Whether ``method`` of the class ``qualified`` (``util.misc.MetricLogger``), in a module
     beside ``path``, hands a loop each item of its first argument, once and in order: research

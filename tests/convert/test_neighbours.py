@@ -15,6 +15,7 @@ from accelify.transform.neighbours import (
     fetching_imports,
     passes_through,
     process_query,
+    uses_only_param_groups,
 )
 
 DOWNLOADER = """
@@ -444,3 +445,75 @@ def test_a_project_logger_that_opens_a_tracking_writer_is_reported_on_every_proc
     )
     inner = [(n.line, n.message) for n in convert(inline).manual if "opens its own" in n.message]
     assert inner == ([(10, f"every process opens its own {inside} {told}")] if inside else [])
+
+
+SCHEDULES = """
+import math
+
+
+def adjust_learning_rate(optimizer, epoch, args):
+    lr = args.lr * 0.5 * (1.0 + math.cos(math.pi * epoch / args.epochs))
+    for param_group in optimizer.param_groups:
+        if "lr_scale" in param_group:
+            param_group["lr"] = lr * param_group["lr_scale"]
+        else:
+            param_group["lr"] = lr
+    return lr
+
+
+def steps(optimizer):
+    optimizer.step()
+
+
+def keeps(optimizer):
+    global kept
+    kept = optimizer.param_groups
+
+
+def hands_on(optimizer, log):
+    log(optimizer)
+    return optimizer.param_groups
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "arg", "reads"),
+    [
+        ("adjust_learning_rate", 0, True),
+        ("adjust_learning_rate", "optimizer", True),
+        ("adjust_learning_rate", 1, False),  # epoch is not used as .param_groups
+        ("adjust_learning_rate", "missing", False),
+        ("steps", 0, False),
+        ("keeps", 0, False),  # a global: the reading stops at what it cannot see whole
+        ("hands_on", 0, False),
+        ("undefined", 0, False),
+    ],
+)
+def test_a_learning_rate_schedule_beside_the_script_reads_only_param_groups(
+    tmp_path: Path, function: str, arg: int | str, reads: bool
+) -> None:
+    (tmp_path / "lr_sched.py").write_text(SCHEDULES)
+    script = str(tmp_path / "train.py")
+    assert uses_only_param_groups(script, f"lr_sched.{function}", arg) is reads
+
+
+def test_a_prepared_optimizer_handed_to_such_a_schedule_converts(tmp_path: Path) -> None:
+    (tmp_path / "lr_sched.py").write_text(SCHEDULES)
+    source = (
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "import lr_sched\n\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+        "for epoch in range(2):\n"
+        "    lr_sched.{}(optimizer, epoch, None)\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        (model(x) - y).pow(2).mean().backward()\n"
+        "        optimizer.step()\n"
+    )
+    path = str(tmp_path / "train.py")
+    assert convert(source.format("adjust_learning_rate"), path=path).changed
+    refused = convert(source.format("hands_on"), path=path)
+    assert not refused.changed and "hands_on" in refused.manual[0].message

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes, names_in
+from accelify.transform.neighbours import uses_only_param_groups
 from accelify.transform.patterns import (
     PREFIX,
     Role,
@@ -42,13 +43,14 @@ READERS = frozenset(
 _LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "log", "exception"})
 # Calls that walk a loader (or its batches) and keep nothing of it.
 _LOADER_READERS = frozenset({"enumerate", "iter", "next", "zip", "tqdm", "trange", "cycle", "list"})
-# What may be handed the bare module before prepare(): they read its parameters, copy it (an
-# EMA or a teacher is a separate module) or swap one of its layers (``setattr``, LoRA-style), and
-# prepare() then wraps the module as it is.
+# What may be handed the bare module before prepare(): they read its parameters (timm's weight
+# decay groups for the optimizer), copy it (an EMA or a teacher is a separate module) or swap one
+# of its layers (``setattr``, LoRA-style), and prepare() then wraps the module as it is.
 _BARE_MODEL_READERS = frozenset(
     {
         "deepcopy", "summary", "watch", "add_graph", "ModelEma", "ModelEmaV2", "ModelEmaV3",
-        "EMA", "EMAModel", "AveragedModel", "setattr",
+        "EMA", "EMAModel", "AveragedModel", "setattr", "add_weight_decay",
+        "param_groups_weight_decay",
     }
 )  # fmt: skip
 # GradScaler's calls and torch.save, which take an optimizer or a model as they are.
@@ -381,7 +383,7 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         )
     if constructor_role(call, a.names) in (Role.OPTIMIZER, Role.SCHEDULER):
         return None
-    if _stepped_by_loss_scaler(a, use, call, arg):
+    if _stepped_by_loss_scaler(a, use, call, arg) or _schedules_groups(a, use, call, arg):
         return None
     if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
         return None
@@ -420,6 +422,16 @@ def _stepped_by_loss_scaler(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg
         and list(call.args).index(arg) == 1
         and arg.keyword is None
     )
+
+
+def _schedules_groups(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg) -> bool:
+    """``lr_sched.adjust_learning_rate(optimizer, ...)``: a function beside the file that reads
+    the optimizer only as ``.param_groups``, the wrapped optimizer's own."""
+    qualified = a.names.qualify(call.func)
+    if use.role is not Role.OPTIMIZER or qualified is None or "." not in qualified or arg.star:
+        return False
+    at = arg.keyword.value if arg.keyword is not None else list(call.args).index(arg)
+    return uses_only_param_groups(a.path, qualified, at)
 
 
 def _linked(a: Analysis, call: cst.Call, arg: cst.Arg) -> bool:
