@@ -25,7 +25,8 @@ from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
-from accelify.transform.neighbours import backward_beside, distributing_functions, fetching_imports
+from accelify.transform.loss_scaler import trains_beside
+from accelify.transform.neighbours import distributing_functions, fetching_imports
 from accelify.transform.patterns import (
     OPTIMIZERS,
     PREFIX,
@@ -361,7 +362,7 @@ def _explain_hidden_step(plan: Plan) -> None:
             continue  # model.train(mode) switches a mode
         func = a.module.code_for_node(call.func)
         handed = _training_objects_handed(a, scope, call)
-        beside = backward_beside(a.path, a.names.qualify(call.func) or func) if handed else None
+        beside = trains_beside(a.path, a.names.qualify(call.func) or func) if handed else None
         if launcher and beside is not None and not beside[1]:
             plan.info(
                 call,

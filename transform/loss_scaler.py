@@ -23,10 +23,18 @@ into an attribute or an item.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
-from accelify.transform.neighbours import beside, callee, calls_in, defined_in, docstring
+from accelify.transform.neighbours import (
+    beside,
+    callee,
+    calls_in,
+    defined_in,
+    docstring,
+    module_file,
+)
 
-__all__ = ["is_loss_scaler", "loss_scaler_beside"]
+__all__ = ["is_loss_scaler", "loss_scaler_beside", "module_trains", "trains_beside"]
 
 _CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
 _STEPS = frozenset({"backward", "step", "zero_grad", "unscale_", "update"})
@@ -37,6 +45,33 @@ def loss_scaler_beside(path: str, qualified: str) -> bool:
     a module beside ``path``."""
     tree, name = beside(path, qualified)
     return tree is not None and is_loss_scaler(tree, name)
+
+
+def trains_beside(path: str, qualified: str) -> tuple[str, bool] | None:
+    """The module beside ``path`` that defines ``qualified`` (``engine.train_one_epoch``), named
+    as a file, and whether it trains (:func:`module_trains`); None when there is no such module."""
+    module = qualified.lstrip(".").rpartition(".")[0]
+    tree, name = beside(path, qualified)
+    if tree is None or defined_in(tree, name, ast.FunctionDef) is None:
+        return None
+    return module_file(Path(path).parent, module).name, module_trains(tree)
+
+
+def module_trains(tree: ast.Module) -> bool:
+    """A ``.backward()`` call, or an ``.zero_grad()`` one: a step whose backward a loss scaler
+    runs (:mod:`~accelify.transform.loss_scaler`). The backward inside such a scaler's own class
+    is not one: the module that defines it is a helper, read beside the script, never edited."""
+    scalers = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and is_loss_scaler(tree, node.name)
+    ]
+    inside = {id(n) for cls in scalers for n in ast.walk(cls)}
+    return any(
+        callee(node) in {"backward", "zero_grad"} and id(node) not in inside
+        for node in calls_in(tree)
+        if isinstance(node.func, ast.Attribute)
+    )
 
 
 def is_loss_scaler(tree: ast.Module, name: str) -> bool:

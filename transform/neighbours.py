@@ -62,17 +62,6 @@ def assigned_attributes(path: str, qualified: str) -> frozenset[str] | None:
     )
 
 
-def backward_beside(path: str, qualified: str) -> tuple[str, bool] | None:
-    """The module beside ``path`` that defines ``qualified`` (``engine.train_one_epoch``), named
-    as a file, and whether it has a ``.backward()`` call; None when there is no such module."""
-    module = qualified.lstrip(".").rpartition(".")[0]
-    tree, name = beside(path, qualified)
-    if tree is None or defined_in(tree, name, ast.FunctionDef) is None:
-        return None
-    trains = any(callee(call) == "backward" for call in calls_in(tree))
-    return _module_file(Path(path).parent, module).name, trains
-
-
 # torch.distributed's own queries, and what each answers without a process group.
 _QUERIES = {"get_world_size": 1, "get_rank": 0}
 _STARTED = frozenset({"is_available", "is_initialized"})
@@ -253,7 +242,7 @@ def beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
     """The parsed module beside ``path`` that ``qualified`` (``util.misc.MetricLogger``) names
     a definition of (None when there is none to read), and the definition's name."""
     module, _, name = qualified.lstrip(".").rpartition(".")
-    return (_parse(_module_file(Path(path).parent, module)) if module else None), name
+    return (_parse(module_file(Path(path).parent, module)) if module else None), name
 
 
 def defined_in(
@@ -353,13 +342,13 @@ def neighbour_functions(
             by_module.setdefault(module, set()).add(function)
     found = set()
     for module, functions in by_module.items():
-        tree = _parse(_module_file(script.parent, module))
+        tree = _parse(module_file(script.parent, module))
         if tree is not None:
             found.update(f"{module}.{f}" for f in functions & _functions_that(tree, does))
     return frozenset(name for name in names if name.lstrip(".") in found)
 
 
-def _module_file(folder: Path, module: str) -> Path:
+def module_file(folder: Path, module: str) -> Path:
     base = folder.joinpath(*module.split("."))
     package = base / "__init__.py"
     return package if package.is_file() else base.with_suffix(".py")

@@ -12,9 +12,9 @@ program stays as it was, with the reason (ACR108).
 
 Only whole-statement ``from <module> import <names>`` lines at the script's top level join, for a
 module beside the script (Python's ``sys.path[0]``) that trains (a ``.backward()`` or a
-``.zero_grad()`` call, see ``_trains``) and is among the files given. A module imported that
-way by two scripts, or that imports training from a third file itself, keeps every file
-involved unchanged: its edits would serve one caller only.
+``.zero_grad()`` call, see ``loss_scaler.module_trains``) and is among the files given. A module
+imported that way by two scripts, or that imports training from a third file itself, keeps
+every file involved unchanged: its edits would serve one caller only.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from accelify.transform.convert import Result, convert
-from accelify.transform.loss_scaler import is_loss_scaler
-from accelify.transform.neighbours import callee, calls_in
+from accelify.transform.loss_scaler import module_trains
 from accelify.transform.plan import Note, Options
 from accelify.transform.refusals import PROGRAM_SPLIT
 from accelify.transform.sources import Source, SourceError, python_ast, read
@@ -103,26 +102,9 @@ class _Facts(NamedTuple):
 def _facts(tree: ast.Module) -> _Facts:
     every = list(ast.walk(tree))
     return _Facts(
-        _trains(tree),
+        module_trains(tree),
         [s for s in tree.body if isinstance(s, ast.ImportFrom)],
         [n for n in every if isinstance(n, ast.Import | ast.ImportFrom)],
-    )
-
-
-def _trains(tree: ast.Module) -> bool:
-    """A ``.backward()`` call, or an ``.zero_grad()`` one: a step whose backward a loss scaler
-    runs (:mod:`~accelify.transform.loss_scaler`). The backward inside such a scaler's own class
-    is not one: the module that defines it is a helper, read beside the script, never edited."""
-    scalers = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.ClassDef) and is_loss_scaler(tree, node.name)
-    ]
-    inside = {id(n) for cls in scalers for n in ast.walk(cls)}
-    return any(
-        callee(node) in {"backward", "zero_grad"} and id(node) not in inside
-        for node in calls_in(tree)
-        if isinstance(node.func, ast.Attribute)
     )
 
 

@@ -9,8 +9,8 @@ import pytest
 from accelify.rules.checks.logger_on_every_process import LoggerOnEveryProcess
 from accelify.rules.engine import lint
 from accelify.transform.convert import convert
+from accelify.transform.loss_scaler import trains_beside
 from accelify.transform.neighbours import (
-    backward_beside,
     distributing_functions,
     fetching_imports,
     passes_through,
@@ -237,15 +237,16 @@ def test_a_launcher_whose_module_runs_no_backward_is_named_truly(tmp_path: Path)
         "loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)))\n"
         "train_one_epoch(model, loader, optimizer, None)\n"
     )
-    assert backward_beside(_script(tmp_path), "engine.train_one_epoch") == ("engine.py", False)
+    assert trains_beside(_script(tmp_path), "engine.train_one_epoch") == ("engine.py", False)
     (note,) = convert(script, path=_script(tmp_path)).notes
     assert "engine.py runs no .backward() either" in note.message
-    (tmp_path / "engine.py").write_text(
-        "def train_one_epoch(model, loader, optimizer, scaler):\n"
-        "    for x, y in loader:\n        model(x).mean().backward()\n"
-    )
-    (note,) = convert(script, path=_script(tmp_path)).notes
-    assert "give it this file with the one that trains" in note.message
+    for step in ("model(x).mean().backward()", "scaler(model(x).mean(), optimizer)"):
+        (tmp_path / "engine.py").write_text(  # a loss scaler's step zeroes the gradients
+            "def train_one_epoch(model, loader, optimizer, scaler):\n"
+            f"    for x, y in loader:\n        optimizer.zero_grad()\n        {step}\n"
+        )
+        (note,) = convert(script, path=_script(tmp_path)).notes
+        assert "give it this file with the one that trains" in note.message
 
 
 def test_a_script_whose_helper_starts_the_process_group_stays_unchanged(tmp_path: Path) -> None:
