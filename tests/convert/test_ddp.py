@@ -309,3 +309,34 @@ def test_a_print_of_a_sampler_that_goes_goes_with_it(line: str) -> None:
 def test_any_other_read_of_a_sampler_is_refused(line: str) -> None:
     result = _convert(NAMED, "    log = None\n", f"    {line}\n", NAMED_LOADER, MODEL, TRAIN)
     assert "used other than by its DataLoader" in _refusal(result)
+
+
+LOOKUP = """    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = dist.get_default_backend_for_device(device)
+"""
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        LOOKUP + "    dist.init_process_group(backend=backend)\n",
+        "    dist.init_process_group(dist.get_default_backend_for_device(torch.device('cpu')))\n",
+    ],
+    ids=["named", "inline"],
+)
+def test_a_backend_looked_up_to_start_the_group_goes_with_it(start: str) -> None:
+    """pytorch/examples' DDP scripts ask torch for their device's backend: accel-run does."""
+    result = convert(
+        HEAD.replace('    dist.init_process_group("gloo")\n', start) + LOADER + MODEL + TRAIN
+    )
+    assert result.changed and not result.manual
+    assert "get_default_backend_for_device" not in result.code
+    assert "device = torch.device" not in result.code  # computed only for the lookup
+
+
+def test_a_backend_used_otherwise_is_refused() -> None:
+    start = LOOKUP + "    dist.init_process_group(backend=backend)\n    print(backend)\n"
+    result = convert(
+        HEAD.replace('    dist.init_process_group("gloo")\n', start) + LOADER + MODEL + TRAIN
+    )
+    assert "used other than to start the process group" in _refusal(result)

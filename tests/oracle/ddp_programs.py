@@ -9,9 +9,11 @@ whether its ``DistributedSampler`` shuffles, whether it reaches the loader strai
 ``BatchSampler`` (DETR's ``batch_sampler=``), whether it saves a checkpoint under a rank guard
 every epoch, whether it all-reduces its loss sum, and whether it accumulates gradients over two
 batches, skipping DDP's sync of the first under ``no_sync()`` or with nanoGPT's
-``require_backward_grad_sync`` switch. Each script writes, from rank 0, what it did: optimizer
-steps, samples seen by that rank, the last epoch's mean loss, the final weights and their loss on
-the whole dataset (to ``$DDP_OUT/result.pt``).
+``require_backward_grad_sync`` switch, and whether it names its backend or looks it up for its
+device (``dist.get_default_backend_for_device``, as pytorch/examples' DDP scripts do now).
+Each script writes, from rank 0, what it did: optimizer steps, samples seen by that rank, the
+last epoch's mean loss, the final weights and their loss on the whole dataset (to
+``$DDP_OUT/result.pt``).
 
 The original runs under ``torchrun --nproc-per-node 2`` (gloo; ``mp.spawn`` scripts start their
 two processes themselves) and the conversion under ``accel-run --cpu --num-processes 2``:
@@ -49,6 +51,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "save": ("none", "guarded"),
     "reduce": ("none", "all_reduce"),
     "accumulate": ("none", "no_sync", "toggle"),
+    "backend": ("literal", "lookup"),
 }
 # A linear model fits a linear target with noise of variance 0.01 (a convex problem): after four
 # epochs the whole-data loss of its weights depends on the sample order only. Simulated for this
@@ -167,6 +170,11 @@ _RUN_DEMO = """def run_demo(demo_fn, world_size):
 """
 
 
+_LOOKUP = """device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = dist.get_default_backend_for_device(device)
+    dist.init_process_group(backend"""
+
+
 def render(choice: dict[str, str]) -> str:
     spawned = spawns(choice)
     body = _BODY.format(
@@ -190,6 +198,8 @@ def render(choice: dict[str, str]) -> str:
     if choice["launch"] == "tutorial":
         body = body.replace('if __name__ == "__main__":', _RUN_DEMO + 'if __name__ == "__main__":')
     setup = _SPAWN_SETUP if spawned else _TORCHRUN_SETUP
+    if choice["backend"] == "lookup":
+        setup = setup.replace('dist.init_process_group("gloo"', _LOOKUP)
     return _HEADER + setup + body + _STARTS[choice["launch"]]
 
 

@@ -37,11 +37,12 @@ SAMPLE = [
      "reduce": "none"},
 ]  # fmt: skip
 SAMPLE = [
-    {**choice, "accumulate": accumulate, "batching": batching}
-    for choice, accumulate, batching in zip(
+    {**choice, "accumulate": accumulate, "batching": batching, "backend": backend}
+    for choice, accumulate, batching, backend in zip(
         SAMPLE,
         ("no_sync", "toggle", "none", "no_sync"),
         ("batch_sampler", "loader", "loader", "batch_sampler"),
+        ("lookup", "literal", "lookup", "literal"),
         strict=True,
     )
 ]

@@ -2,14 +2,17 @@
 
 ``init_process_group(...)``, ``torch.cuda.set_device(...)`` and the ``MASTER_ADDR``/
 ``MASTER_PORT`` the script sets for itself go (``accel-run`` sets up the group and each process's
-GPU); ``destroy_process_group()`` becomes ``accelerator.end_training()``. A function left with
-nothing to do (``ddp_setup()``) goes with every call of it.
+GPU); ``destroy_process_group()`` becomes ``accelerator.end_training()``. A backend the script
+looks up only to start the group with (``backend = dist.get_default_backend_for_device(device)``)
+goes too: accel-run picks the device's backend the same way. A function left with nothing to do
+(``ddp_setup()``) goes with every call of it.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
+from accelify.transform.analysis import Analysis
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.distributed.ranks import environment_variable
 from accelify.transform.patterns import dotted_name, placeholder
@@ -17,6 +20,8 @@ from accelify.transform.refusals import DDP_LAUNCH
 from accelify.transform.walk import nodes
 
 _LAUNCHER_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
+_SET_DEVICE = frozenset({"set_device", "set_device_index"})  # torch.cuda's, torch.accelerator's
+_BACKEND_QUERIES = frozenset({"get_default_backend_for_device"})
 
 
 def drop_process_group(r: Rewrite) -> None:
@@ -30,17 +35,114 @@ def drop_process_group(r: Rewrite) -> None:
         elif last == "destroy_process_group" and names.from_package(call.func, "torch.distributed"):
             r.edits.replace(call.func, placeholder("end_training"))
             r.changed(call, "destroy_process_group() -> accelerator.end_training()")
-        elif last == "set_device" and names.refers_to(call.func, ("torch",), "set_device"):
+        elif last in _SET_DEVICE and names.refers_to(call.func, ("torch",), last):
             r.remove(r.bare_statement(call, DDP_LAUNCH))
             r.changed(
-                call, "torch.cuda.set_device removed: the accelerator picks each process's GPU"
+                call,
+                f"{dotted_name(call.func)} removed: the accelerator picks each process's GPU",
             )
         elif _sets_launcher_variable(r, call):
             r.remove(r.bare_statement(call, DDP_LAUNCH))
     for statement in _launcher_assignments(r):
         r.remove(statement)
         r.changed(statement, "the launcher's address and port are accel-run's to set")
+    _drop_backend_queries(r)
     _drop_emptied_functions(r)
+
+
+def _drop_backend_queries(r: Rewrite) -> None:
+    """``backend = dist.get_default_backend_for_device(d)`` read only by the removed
+    ``init_process_group``: the line goes. Any other use of the answer is refused."""
+    a = r.analysis
+    for call, scope in a.calls:
+        last = a.names.last_part(call.func)
+        if last not in _BACKEND_QUERIES or not a.names.from_package(call.func, "torch.distributed"):
+            continue
+        if _inside_removed(r, call):
+            continue  # ``init_process_group(backend=dist.get_default_backend_for_device(d))``
+        assign = a.parent(call)
+        line = a.parent(assign) if isinstance(assign, cst.Assign) else None
+        target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
+        reads = _reads(r, scope.node, target.value) if isinstance(target, cst.Name) else None
+        if (
+            not isinstance(line, cst.SimpleStatementLine)
+            or len(line.body) != 1
+            or len(assign.targets) != 1  # type: ignore[union-attr]
+            or reads is None
+            or not all(_inside_removed(r, n) for n in reads)
+        ):
+            raise r.refuse(
+                call,
+                DDP_LAUNCH,
+                f"{dotted_name(call.func)}(...) is used other than to start the process group, "
+                "which accel-run starts",
+            )
+        r.remove(line)
+        r.changed(call, "the backend lookup removed: accel-run picks the device's backend")
+        _drop_dead_inputs(r, scope.node)
+
+
+# What the values a backend lookup was computed from may call: reads, nothing else.
+_PURE = frozenset(
+    {"int", "str", "torch.device", "torch.accelerator.current_accelerator", "os.environ.get",
+     "os.getenv", "torch.cuda.is_available", "torch.accelerator.is_available"}
+)  # fmt: skip
+
+
+def _drop_dead_inputs(r: Rewrite, function: cst.CSTNode) -> None:
+    """``acc = torch.accelerator.current_accelerator()``, ``device = torch.device(...)``: a
+    name bound once in ``function`` to a value that only reads, and read only by removed code,
+    goes, until none is left."""
+    a = r.analysis
+    body = function.body.body if isinstance(function, cst.FunctionDef) else ()  # type: ignore[union-attr]
+    changed = True
+    while changed:
+        changed = False
+        for line in body:
+            assign = line.body[0] if isinstance(line, cst.SimpleStatementLine) else None
+            if (
+                r.edits.is_removed(line)
+                or not isinstance(assign, cst.Assign)
+                or len(line.body) != 1  # type: ignore[union-attr]
+                or len(assign.targets) != 1
+                or not isinstance(target := assign.targets[0].target, cst.Name)
+                or not _only_reads(a, assign.value)
+                or sum(b.key == target.value and b.scope.node is function for b in a.bindings) != 1
+                or not all(_inside_removed(r, n) for n in _reads(r, function, target.value))
+            ):
+                continue
+            r.remove(line)
+            r.notes[:] = [n for n in r.notes if n.line != a.line(line)]  # rewrites in it went
+            changed = True
+
+
+def _only_reads(a: Analysis, value: cst.BaseExpression) -> bool:
+    return all(
+        (a.names.qualify(call.func) or dotted_name(call.func)) in _PURE
+        for call in nodes(value, cst.Call)
+    )
+
+
+def _reads(r: Rewrite, function: cst.CSTNode, name: str) -> list[cst.Name]:
+    """The loads of ``name`` in ``function``'s own scope."""
+    a = r.analysis
+    return [
+        n
+        for n in nodes(function, cst.Name)
+        if n.value == name  # type: ignore[attr-defined]
+        and a.scope_of.get(id(n)) is a.scope_of.get(id(function.body))  # type: ignore[attr-defined]
+        and not isinstance(parent := a.parent(n), cst.AssignTarget)
+        and not (isinstance(parent, cst.Attribute) and parent.attr is n)
+    ]
+
+
+def _inside_removed(r: Rewrite, node: cst.CSTNode) -> bool:
+    current: cst.CSTNode | None = node
+    while current is not None:
+        if r.edits.is_removed(current):
+            return True
+        current = r.analysis.parent(current)
+    return False
 
 
 def _sets_launcher_variable(r: Rewrite, call: cst.Call) -> bool:
