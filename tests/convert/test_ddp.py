@@ -340,3 +340,43 @@ def test_a_backend_used_otherwise_is_refused() -> None:
         HEAD.replace('    dist.init_process_group("gloo")\n', start) + LOADER + MODEL + TRAIN
     )
     assert "used other than to start the process group" in _refusal(result)
+
+
+FACTORY = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def loaders():
+    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    train = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))
+    test = DataLoader(data, batch_size=4)
+    return train, test
+
+
+def main():
+    dist.init_process_group("gloo")
+    train_loader, test_loader = loaders()
+    model = DDP(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in {walked}:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_a_sharded_loader_a_factory_returns_for_training_is_prepared() -> None:
+    """LLMs-from-scratch's prepare_dataset() builds the sharded loader and returns it with the
+    test loader: the name the caller trains on is prepared, so it shards the data itself."""
+    result = convert(FACTORY.format(walked="train_loader"))
+    assert result.changed and not result.manual
+    assert "DataLoader(data, batch_size=4, shuffle=True)" in result.code
+    assert "accelerator.prepare(model, optimizer, train_loader)" in result.code
+
+
+def test_a_sharded_loader_a_factory_returns_unprepared_is_refused() -> None:
+    result = convert(FACTORY.format(walked="test_loader"))
+    assert "would not prepare it" in _refusal(result)

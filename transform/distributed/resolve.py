@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of
+from accelify.transform.analysis import Analysis, Scope, key_of, returns
 from accelify.transform.neighbours import process_group_readers
 from accelify.transform.patterns import placeholder_of, returned_shards
 from accelify.transform.plan import Plan
@@ -194,6 +194,9 @@ def _sharded(plan: Plan, marker: cst.Call) -> None:
         if _kept(plan, target) and returned_shards(marker):
             _sampler_back(plan, marker, key_of(target))
             return
+        if _returned_prepared(plan, a.scope_of[id(holder)], target):
+            _shards_itself(plan, marker)
+            return
     elif isinstance(holder, cst.Return):
         function = a.scope_of[id(holder)]
         built = [_prepared(plan, t) for t in _results_of(a, function)]
@@ -256,6 +259,49 @@ def _sampler_back(plan: Plan, marker: cst.Call, key: str | None) -> None:
         f"{key} is only evaluated, so it is not prepared: its DistributedSampler stays, told "
         "the accelerator's process count and index, and shards it as before",
     )
+
+
+def _returned_prepared(plan: Plan, function: Scope, target: cst.BaseExpression) -> bool:
+    """``train_loader = DataLoader(...)`` ... ``return train_loader, test_loader`` in a loader
+    factory, and every call's name for that element (``train_loader, _ = factory()``) prepared."""
+    a = plan.analysis
+    if not isinstance(target, cst.Name) or function.is_module:
+        return False
+    positions = {_position(r.value, target.value) for r in returns(function)}
+    if len(positions) != 1 or (at := positions.pop()) == -1:
+        return False
+    calls = [
+        node
+        for node, _scope in a.assignments
+        if isinstance(node, cst.Assign)
+        and isinstance(node.value, cst.Call)
+        and a.callee(node.value) is function
+        and len(node.targets) == 1
+    ]
+    names = []
+    for assign in calls:
+        unpacked = assign.targets[0].target
+        if at is None:
+            names.append(unpacked)
+        elif isinstance(unpacked, cst.Tuple | cst.List) and at < len(unpacked.elements):
+            names.append(unpacked.elements[at].value)
+        else:
+            return False
+    return bool(names) and all(_prepared(plan, n) for n in names)
+
+
+def _position(value: cst.BaseExpression | None, name: str) -> int | None:
+    """None: ``return name``; i: ``return a, name``; -1: anything else."""
+    if isinstance(value, cst.Name) and value.value == name:
+        return None
+    if isinstance(value, cst.Tuple):
+        found = [
+            i for i, e in enumerate(value.elements)
+            if isinstance(e.value, cst.Name) and e.value.value == name
+        ]  # fmt: skip
+        if len(found) == 1 and not any(isinstance(e, cst.StarredElement) for e in value.elements):
+            return found[0]
+    return -1
 
 
 def _results_of(a: Analysis, function: Scope) -> list[cst.BaseExpression]:
