@@ -89,11 +89,25 @@ def collapse(r: Rewrite, switch: cst.BaseExpression, spelled: str) -> None:
 
 
 def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If, switch: str) -> None:
-    """An ``assert`` under ``if ddp:`` checked only distributed runs (``assert
-    torch.cuda.is_available()``); kept, it would check the one-process run too, which it did
-    not. One that reads the rank or the world size (``assert steps % world_size == 0``) holds on
-    one process, where they are 0 and 1."""
+    """An ``assert`` under ``if ddp:`` checked only distributed runs; kept, it would check the
+    one-process run too, which it did not. One that reads the rank or the world size (``assert
+    steps % world_size == 0``) holds on one process, where they are 0 and 1. ``assert
+    torch.cuda.is_available()`` beside the ``init_process_group`` of that branch asked for what
+    the hand-started group (NCCL, one GPU per rank) needed: it goes with it."""
+    starts = any(
+        r.analysis.names.last_part(c.func) == "init_process_group"
+        and r.analysis.names.from_package(c.func, "torch.distributed")
+        for c in nodes(branch.body, cst.Call)
+    )
     for check in nodes(branch.body, cst.Assert):
+        if starts and _asks_for_cuda(r, check):
+            r.remove(r.analysis.statement_of(check))  # type: ignore[arg-type]
+            r.changed(
+                check,
+                "assert torch.cuda.is_available() removed: it held for the process group the "
+                "script started by hand; accel-run picks the device and its backend",
+            )
+            continue
         if not any(_reads_rank(n.value) for n in nodes(check, cst.Name)):  # type: ignore[attr-defined]
             raise r.refuse(
                 check,
@@ -101,6 +115,17 @@ def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If, switch: str) -> 
                 f"this assert ran only on the distributed path (if {switch}:); kept as that path "
                 "is, it would also run on one process, where it did not",
             )
+
+
+def _asks_for_cuda(r: Rewrite, check: cst.Assert) -> bool:
+    """``assert torch.cuda.is_available()``: build-nanogpt's "for now i think we need CUDA for
+    DDP", beside its ``init_process_group(backend="nccl")``."""
+    test = check.test
+    return (
+        isinstance(test, cst.Call)
+        and not test.args
+        and r.analysis.names.qualify(test.func) == "torch.cuda.is_available"
+    )
 
 
 def _reads_rank(name: str) -> bool:
