@@ -184,38 +184,81 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     return []
 
 
-def uses_only_param_groups(path: str, qualified: str, arg: int | str) -> bool:
+def uses_only(
+    path: str,
+    qualified: str,
+    arg: int | str,
+    attributes: frozenset[str],
+    objects: Iterable[int | str] = (),
+) -> bool:
     """Whether the function ``qualified`` (``util.lr_sched.adjust_learning_rate``), in a module
     beside ``path``, reads the parameter a call hands ``arg`` (a position or a keyword) only as
-    ``<it>.param_groups``: a learning-rate schedule. A prepared optimizer hands on the groups of
-    the one it wraps, so such a function does the same to either."""
+    ``<it>.<attribute>`` for ``attributes`` (``param_groups``: a learning-rate schedule;
+    ``state_dict``/``load_state_dict``: a checkpoint's save or load), or tests it against
+    ``None``. ``objects``: the arguments the call hands an object, never None, so that the
+    branch of ``if <it> is None:`` (or the ``else`` of ``is not None``) never runs for it:
+    MAE's ``save_model(..., model=model, loss_scaler=loss_scaler)`` reads ``model`` only where
+    ``loss_scaler`` is None."""
     tree, name = beside(path, qualified)
     function = defined_in(tree, name, ast.FunctionDef)
     if function is None or function.decorator_list:
         return False
-    arguments = function.args
-    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
-    keywords = [*positional, *(a.arg for a in arguments.kwonlyargs)]
-    if isinstance(arg, int):
-        param = positional[arg] if arg < len(positional) else None
-    else:
-        param = arg if arg in keywords else None
+    param = _parameter(function, arg)
     if param is None:
         return False
     parents = {
         id(child): node for node in ast.walk(function) for child in ast.iter_child_nodes(node)
     }
-    uses = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == param]
     nested = any(
         isinstance(n, (*_SCOPES, ast.Global, ast.Nonlocal))
         for n in ast.walk(function)
         if n is not function
     )
+    present = {_parameter(function, o) for o in objects} - {None}
+    dead = {id(n) for branch in _branches_for_none(function, present) for n in ast.walk(branch)}
+    uses = [
+        n
+        for n in ast.walk(function)
+        if isinstance(n, ast.Name) and n.id == param and id(n) not in dead
+    ]
     return not nested and all(
         isinstance(n.ctx, ast.Load)
-        and isinstance(parent := parents.get(id(n)), ast.Attribute)
-        and parent.attr == "param_groups"
+        and (
+            (isinstance(parent := parents.get(id(n)), ast.Attribute) and parent.attr in attributes)
+            or _tested_against_none(parent)
+        )
         for n in uses
+    )
+
+
+def _parameter(function: ast.FunctionDef, arg: int | str) -> str | None:
+    """The parameter a call's positional index or keyword lands on."""
+    arguments = function.args
+    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+    if isinstance(arg, int):
+        return positional[arg] if arg < len(positional) else None
+    return arg if arg in [*positional, *(a.arg for a in arguments.kwonlyargs)] else None
+
+
+def _branches_for_none(function: ast.FunctionDef, present: set[str]) -> Iterable[ast.stmt]:
+    """The statements that run only when one of ``present`` is None."""
+    for node in ast.walk(function):
+        if not isinstance(node, ast.If) or not _tested_against_none(node.test):
+            continue
+        test = node.test
+        if not isinstance(test.left, ast.Name) or test.left.id not in present:  # type: ignore[attr-defined]
+            continue
+        yield from node.body if isinstance(test.ops[0], ast.Is) else node.orelse  # type: ignore[attr-defined]
+
+
+def _tested_against_none(node: ast.AST | None) -> bool:
+    """``x is None``, ``x is not None``."""
+    return (
+        isinstance(node, ast.Compare)
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.Is | ast.IsNot)
+        and isinstance(node.comparators[0], ast.Constant)
+        and node.comparators[0].value is None
     )
 
 

@@ -15,7 +15,7 @@ from accelify.transform.neighbours import (
     fetching_imports,
     passes_through,
     process_query,
-    uses_only_param_groups,
+    uses_only,
 )
 
 DOWNLOADER = """
@@ -495,7 +495,7 @@ def test_a_learning_rate_schedule_beside_the_script_reads_only_param_groups(
 ) -> None:
     (tmp_path / "lr_sched.py").write_text(SCHEDULES)
     script = str(tmp_path / "train.py")
-    assert uses_only_param_groups(script, f"lr_sched.{function}", arg) is reads
+    assert uses_only(script, f"lr_sched.{function}", arg, frozenset({"param_groups"})) is reads
 
 
 def test_a_prepared_optimizer_handed_to_such_a_schedule_converts(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ goes too: accel-run picks the device's backend the same way. A function left wit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import libcst as cst
 
 from accelify.transform.analysis import Analysis
@@ -112,7 +114,10 @@ def _drop_dead_inputs(r: Rewrite, function: cst.CSTNode) -> None:
             ):
                 continue
             r.remove(line)
-            r.notes[:] = [n for n in r.notes if n.line != a.line(line)]  # rewrites in it went
+            gone = f"{target.value} removed: it only fed the process group's set-up"
+            for i, note in enumerate(r.notes):  # in place: the steps' notes are counted by index
+                if note.line == a.line(line):
+                    r.notes[i] = replace(note, message=gone)
             changed = True
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes, names_in
-from accelify.transform.neighbours import uses_only_param_groups
+from accelify.transform.neighbours import uses_only
 from accelify.transform.patterns import (
     PREFIX,
     Role,
@@ -383,7 +383,7 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         )
     if constructor_role(call, a.names) in (Role.OPTIMIZER, Role.SCHEDULER):
         return None
-    if _stepped_by_loss_scaler(a, use, call, arg) or _schedules_groups(a, use, call, arg):
+    if _stepped_by_loss_scaler(a, use, call, arg) or _helper_reads(a, use, call, arg):
         return None
     if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
         return None
@@ -424,14 +424,50 @@ def _stepped_by_loss_scaler(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg
     )
 
 
-def _schedules_groups(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg) -> bool:
-    """``lr_sched.adjust_learning_rate(optimizer, ...)``: a function beside the file that reads
-    the optimizer only as ``.param_groups``, the wrapped optimizer's own."""
+# What a function beside the file may do with each object it is handed, that it does alike to
+# the object prepare() returns (the optimizer hands on the groups and state of the one it wraps)
+# and to the one it wrapped: a learning-rate schedule, a checkpoint's save or load. The bare model
+# (``model_without_ddp``) may be saved or loaded too; the prepared one, whose keys differ on N
+# processes, only tested against None or read where the call's arguments rule out.
+_HELPER_READS = {
+    Role.OPTIMIZER: frozenset({"param_groups", "state_dict", "load_state_dict"}),
+    Role.MODEL: frozenset({"state_dict", "load_state_dict"}),
+}
+
+
+def _helper_reads(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg) -> bool:
+    """``lr_sched.adjust_learning_rate(optimizer, ...)``, ``misc.load_model(model_without_ddp=
+    model_without_ddp, optimizer=optimizer)``: a function beside the file that reads what it is
+    handed only as :data:`_HELPER_READS` allows."""
     qualified = a.names.qualify(call.func)
-    if use.role is not Role.OPTIMIZER or qualified is None or "." not in qualified or arg.star:
+    attributes = _HELPER_READS.get(use.role)
+    if use.role is Role.MODEL and not use.bare:
+        attributes = frozenset()
+    if attributes is None or qualified is None or "." not in qualified or arg.star:
         return False
-    at = arg.keyword.value if arg.keyword is not None else list(call.args).index(arg)
-    return uses_only_param_groups(a.path, qualified, at)
+    objects = [
+        other.keyword.value if other.keyword is not None else i
+        for i, other in enumerate(call.args)
+        if not other.star and _an_object(a, use.scope, other.value)
+    ]
+    return uses_only(a.path, qualified, _landing(call, arg), attributes, objects)
+
+
+def _landing(call: cst.Call, arg: cst.Arg) -> int | str:
+    return arg.keyword.value if arg.keyword is not None else list(call.args).index(arg)
+
+
+def _an_object(a: Analysis, scope: Scope, value: cst.BaseExpression) -> bool:
+    """A name every binding of which in ``scope`` builds one of the objects the analysis knows
+    (``loss_scaler = NativeScaler()``): never None."""
+    key = key_of(value)
+    built = [b for b in a.bindings if b.scope is scope and b.key == key]
+    return (
+        key is not None
+        and bool(built)
+        and a.role(scope, key) is not None
+        and all(isinstance(b.value, cst.Call) for b in built)
+    )
 
 
 def _linked(a: Analysis, call: cst.Call, arg: cst.Arg) -> bool:
@@ -547,6 +583,8 @@ def _alias_use(
         call = a.parent(parent)
         last = a.names.last_part(call.func) if isinstance(call, cst.Call) else None
         if last in READERS or (use.bare and last in _BARE_MODEL_READERS):
+            return None
+        if isinstance(call, cst.Call) and _helper_reads(a, use, call, parent):
             return None
     if isinstance(parent, cst.Comparison | cst.ComparisonTarget | cst.Expr | cst.Del):
         return None

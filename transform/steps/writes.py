@@ -25,7 +25,13 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of
 from accelify.transform.neighbours import FETCHES, ProjectRuns
-from accelify.transform.patterns import callee_name, disk_writer, dotted_name, keyword_arg
+from accelify.transform.patterns import (
+    callee_name,
+    disk_writer,
+    dotted_name,
+    keyword_arg,
+    placeholder_of,
+)
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 from accelify.transform.trackers import opens_a_run
@@ -46,8 +52,8 @@ def writes(plan: Plan) -> None:
     effects = list(side_effects(plan))
     fetches = [call for call, _statement, how in effects if how == "fetches"]
     for call, statement, how in effects:
-        if how == "fetches":
-            continue
+        if how == "fetches" or (how == "writes" and on_main_only(plan.analysis, statement)):
+            continue  # a write under the script's own rank-0 guard already runs once
         if _runs_model(plan, statement):
             plan.needs_human(
                 call,
@@ -361,12 +367,37 @@ def _report_loggers(plan: Plan) -> None:
         if not isinstance(a.parent(call), cst.Assign | cst.Expr):
             continue
         what = opens_a_run(a.names, call) or project.opened(a.names.qualify(call.func))
-        if what is not None:
+        if what is not None and not on_main_only(a, call):
             plan.needs_human(
                 call,
                 f"every process opens its own {what} here: open it, and log, on the main "
                 "process only (if accelerator.is_main_process:)",
             )
+
+
+_MAIN_FLAGS = frozenset({"is_main_process", "is_local_main_process"})
+
+
+def on_main_only(a: Analysis, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs under ``if <main process> [and ...]:`` in its function: the
+    accelerator's flags, or the DDP rewrite's placeholders for them (a ``rank == 0`` guard)."""
+    child, current = node, a.parent(node)
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        if (
+            isinstance(current, cst.If)
+            and a.contains(current.body, child)
+            and _main_test(current.test)
+        ):
+            return True
+        child, current = current, a.parent(current)
+    return False
+
+
+def _main_test(test: cst.BaseExpression) -> bool:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _main_test(test.left) or _main_test(test.right)
+    flag = placeholder_of(test) or (test.attr.value if isinstance(test, cst.Attribute) else None)
+    return flag in _MAIN_FLAGS
 
 
 def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
