@@ -15,7 +15,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, Scope, key_of, mentions, names_in
 from accelify.transform.flow import Block, Point
-from accelify.transform.patterns import Role, is_device, keyword_arg, method_call
+from accelify.transform.patterns import Role, dotted_name, is_device, keyword_arg, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import BUILD_ORDER, BUILT_IN_LOOP, NAME_TAKEN
 from accelify.transform.setup import Refused
@@ -23,6 +23,7 @@ from accelify.transform.steps.moves import device_move
 from accelify.transform.steps.prepare import LINE_LENGTH
 from accelify.transform.steps.prepare import depth as _depth
 from accelify.transform.steps.writes import first_statement, side_effects
+from accelify.transform.walk import nodes
 
 _SOURCES = {
     "accelify": dict.fromkeys(
@@ -51,7 +52,8 @@ def place(plan: Plan) -> None:
     chosen_at, flag = plan.cpu_choice
     code = plan.analysis.module.code_for_node(flag)
     point = setup.create_at
-    read = {name.value for name in names_in(flag)}
+    read = {name.value for name in names_in(flag)}  # and ``args.cuda`` set apart from ``args``
+    read |= {key for node in nodes(flag, cst.Attribute) if (key := dotted_name(node))}
     if all(after <= point.index for _b, after in _set_in(plan, point.block, read)):
         plan.accelerator_kwargs["cpu"] = flag
         plan.changed(chosen_at, f"the script's choice of the CPU carries over: cpu={code}")

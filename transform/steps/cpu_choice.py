@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Binding, mentions
-from accelify.transform.patterns import Role, device_call, dotted_name, is_device
+from accelify.transform.analysis import Analysis, Binding, Scope, key_of, mentions
+from accelify.transform.patterns import Role, device_call, dotted_name, is_device, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.steps.device import device_chain
 
@@ -35,12 +35,15 @@ def cpu_choice(plan: Plan) -> None:
     keys = {b.key for b in devices}
     # ``device_type = "cuda" if "cuda" in str(device) else "cpu"`` follows the device: not a choice.
     bindings = [b for b in devices if b.value is None or not mentions(b.value, keys - {b.key})]
+    if not bindings:
+        _moved_under_a_switch(plan)
+        return
     if len({b.key for b in bindings}) != 1:
-        return  # no device, or several: no one choice to carry over
+        return  # several devices: no one choice to carry over
     found = _condition(a, bindings)
     if found is not None:
         condition, cpu_when_true = found
-        if _availability_only(a, condition, bindings[0]):
+        if _availability_only(a, condition, bindings[0].scope):
             return
         flag = condition if cpu_when_true else _negated(a, condition)
     elif len(bindings) == 1 and bindings[0].value is not None and _is_cpu(a, bindings[0].value):
@@ -48,6 +51,32 @@ def cpu_choice(plan: Plan) -> None:
     else:
         return
     plan.cpu_choice = (bindings[0].node, flag)
+
+
+def _moved_under_a_switch(plan: Plan) -> None:
+    """``if args.cuda: model.cuda()`` (with the batches' own moves beside it), and no device
+    named: the switch decides between the GPU and the CPU, so ``cpu=not args.cuda``."""
+    a = plan.analysis
+    setup = plan.setup
+    assert setup is not None
+    models = set(setup.models(a))
+    for call, scope in a.calls:
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        if (
+            method_call(call, "cuda") is None
+            or receiver is None
+            or key_of(receiver) not in models
+            or scope is not setup.scope
+            or not isinstance(a.parent(call), cst.Expr)
+        ):
+            continue
+        switch = a.enclosing(call, cst.If)
+        if switch is None or switch.orelse is not None or a.scope_of.get(id(switch)) is not scope:  # type: ignore[attr-defined]
+            return
+        test = switch.test  # type: ignore[attr-defined]
+        if not _availability_only(a, test, scope):
+            plan.cpu_choice = (switch, _negated(a, test))
+        return
 
 
 def _condition(a: Analysis, bindings: list[Binding]) -> tuple[cst.BaseExpression, bool] | None:
@@ -91,17 +120,19 @@ def _is_cpu(a: Analysis, value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
 
 
-def _availability_only(a: Analysis, expr: cst.BaseExpression, near: Binding) -> bool:
+def _availability_only(a: Analysis, expr: cst.BaseExpression, scope: Scope) -> bool:
     """Made only of ``*.is_available()`` calls (through names bound once to such a test)."""
     if isinstance(expr, cst.BooleanOperation):
-        return _availability_only(a, expr.left, near) and _availability_only(a, expr.right, near)
+        return _availability_only(a, expr.left, scope) and _availability_only(a, expr.right, scope)
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
-        return _availability_only(a, expr.expression, near)
+        return _availability_only(a, expr.expression, scope)
     if isinstance(expr, cst.Call):
         return (dotted_name(expr.func) or "").endswith("is_available")
     if isinstance(expr, cst.Name):
-        values = [b.value for b in a.bindings if b.scope is near.scope and b.key == expr.value]
-        return len(values) == 1 and values[0] is not None and _availability_only(a, values[0], near)
+        values = [b.value for b in a.bindings if b.scope is scope and b.key == expr.value]
+        return (
+            len(values) == 1 and values[0] is not None and _availability_only(a, values[0], scope)
+        )
     return False
 
 
