@@ -125,6 +125,7 @@ DRIFTS = {
     "alias_trained": ("uses", "model"),
     "model_in_a_dict": ("uses", "model"),
     "models_in_a_list": ("uses", "head"),
+    "plateau_on_own_loss": ("lockstep", "model"),
 }
 FAILS_IN_ALL_REDUCE = {
     "stop_on_own_loss": ("lockstep", "model"),
@@ -207,6 +208,7 @@ def test_parameters_without_gradients_need_unused_parameters(case: str, tmp_path
     [
         ("sound/alias_for_saving", "model"),
         ("sound/early_stop_on_validation", "model"),
+        ("sound/plateau_on_validation", "model"),  # the learning rate falls alike everywhere
         ("ddp/param_groups_from_a_loop", "net"),  # prepared though no model is named in opt
         ("report/split_written_then_read", "model"),  # reads train.csv once rank 0 wrote it
     ],

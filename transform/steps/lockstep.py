@@ -35,6 +35,7 @@ from accelify.transform.patterns import (
     Role,
     callee_name,
     dotted_name,
+    method_call,
     random_draw,
     target_names,
 )
@@ -158,6 +159,31 @@ def lockstep(plan: Plan) -> None:
                 continue  # how often a loop runs over a value is its size, not its values
             if why is not None:
                 raise Refused(control, LOCKSTEP, _reason(a, control, test, why))
+    _refuse_schedules_apart(a, scopes, v)
+
+
+def _refuse_schedules_apart(a: Analysis, scopes: set[Scope], v: Values) -> None:
+    """``scheduler.step(val_loss)`` (ReduceLROnPlateau) handed a value processes compute apart:
+    each process would lower its learning rate at its own epoch, and the models drift apart
+    with no error."""
+    for call, scope in a.calls:
+        stepped = method_call(call, "step")
+        receiver = key_of(stepped.func.value) if stepped is not None else None  # type: ignore[union-attr]
+        if scope not in scopes or not call.args or receiver is None:
+            continue
+        if a.role(scope, receiver) is not Role.SCHEDULER:
+            continue
+        why = _reads(a, scope, call.args[0].value, v)
+        if why is not None:
+            code = a.module.code_for_node(call.args[0].value).strip()
+            raise Refused(
+                call,
+                LOCKSTEP,
+                f"{receiver}.step({code}) is handed a value that reads {why}: each process "
+                "would change its learning rate at its own step, and their models would drift "
+                "apart; step it on a value every process shares (accelerator.reduce it first) "
+                "and convert by hand",
+            )
 
 
 def _walks_loader(a: Analysis, loop: cst.For) -> bool:
