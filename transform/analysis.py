@@ -357,6 +357,7 @@ def analyse(module: cst.Module, path: str = "<string>") -> Analysis:
     classes' methods may be read, never run)."""
     analysis = Analysis(module, path)
     walk(module, _Collector(analysis))
+    _see_named_wrappers(analysis)
     _see_through(analysis, path)
     _infer_roles(analysis)
     return analysis
@@ -517,15 +518,19 @@ class _Collector(NameCollector):
             self.a.backward_calls.append((node, scope, loop))
 
 
-def _read_iterable(loop: Loop, through: Collection[int]) -> None:
-    """What a ``for`` walks (the loader's key, every zipped one) and the names of its batches."""
+def _read_iterable(
+    loop: Loop, through: Collection[int], written: cst.BaseExpression | None = None
+) -> None:
+    """What a ``for`` walks (the loader's key, every zipped one) and the names of its batches;
+    ``written``: the wrapper its iterable was bound to (``loop = tqdm(enumerate(loader))``)."""
     node = loop.node
     assert isinstance(node, cst.For)
-    iterable = loop_iterable(node.iter, through)
+    walked = written if written is not None else node.iter
+    iterable = loop_iterable(walked, through)
     batch_target = node.target
     if (
-        node.iter is not iterable
-        and callee_name(node.iter) == "enumerate"  # type: ignore[arg-type]
+        walked is not iterable
+        and callee_name(walked) == "enumerate"  # type: ignore[arg-type]
         and isinstance(node.target, cst.Tuple)
         and len(node.target.elements) == 2
     ):
@@ -533,6 +538,19 @@ def _read_iterable(loop: Loop, through: Collection[int]) -> None:
     loop.iterable = key_of(iterable)
     loop.batch_names = set(target_names(batch_target))
     loop.iterables = tuple(k for it in zipped(iterable, through) if (k := key_of(it)) is not None)
+
+
+def _see_named_wrappers(a: Analysis) -> None:
+    """``loop = tqdm(enumerate(loader))`` then ``for i, batch in loop:``: a progress bar bound to
+    a name once in the loop's function walks the loader as the written-out form does."""
+    for loop in a.loops:
+        walked = loop.node.iter if isinstance(loop.node, cst.For) else None
+        if not isinstance(walked, cst.Name):
+            continue
+        values = [b.value for b in a.bindings if b.scope is loop.scope and b.key == walked.value]
+        one = values[0] if len(values) == 1 else None
+        if isinstance(one, cst.Call) and callee_name(one) in _ITER_WRAPPERS:
+            _read_iterable(loop, a.through, one)
 
 
 def _see_through(a: Analysis, path: str) -> None:

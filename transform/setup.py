@@ -160,6 +160,15 @@ def _candidate_scopes(a: Analysis) -> list[Scope]:
     return found
 
 
+def _moved_itself(b: Binding) -> bool:
+    """``model = model.to(x)`` / ``model.cuda()``: the same object, moved."""
+    return (
+        b.value is not None
+        and unwrap_moves(b.value) is not b.value
+        and key_of(unwrap_moves(b.value)) == b.key
+    )
+
+
 def _handed_over(a: Analysis, b: Binding) -> bool:
     """``self.optimizer = optimizer``: the scope keeps an object built elsewhere, which is where
     the setup is."""
@@ -844,6 +853,8 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     index = 0
     for b in setup.prepared:
         for build in (x for x in a.bindings if x.scope is setup.scope and x.key == b.key):
+            if _moved_itself(build):
+                continue  # ``model = model.to("cpu")``: a move hands back the object it moved
             top = timeline.top_in(block, build.node)
             if top is None:
                 if not timeline.precedes_block(build.node, block):
