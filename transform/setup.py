@@ -718,11 +718,23 @@ _NOT_LOADERS = ("torchtext.", "datasets.", "numpy.", "torch.")
 def _loader_kind(a: Analysis, scope: Scope, key: str, depth: int = 0) -> tuple[str, str]:
     """Whether prepare() can shard what ``key`` holds: ("loader", ""), ("factory", the call that
     builds it where we cannot look) or ("other", what it is instead)."""
+    # ``train = DataLoader(train, ...)``: what the name held before is the loader's dataset.
+    wraps = [
+        a.line(b.node)
+        for b in a.bindings
+        if b.scope is scope
+        and b.key == key
+        and isinstance(b.value, cst.Call)
+        and constructor_role(b.value, a.names) is Role.DATALOADER
+        and any(key_of(arg.value) == key for arg in b.value.args[:1])
+    ]
     for b in a.bindings:
         value = b.value if b.value is not None else getattr(b.node, "value", None)
         if b.scope is not scope or b.key != key or value is None:
             continue
         if constructor_role(value, a.names) is Role.DATALOADER:
+            continue
+        if any(line > a.line(b.node) for line in wraps):
             continue
         if isinstance(value, cst.List | cst.Tuple | cst.ListComp | cst.SimpleString):
             return "other", a.module.code_for_node(value)[:40]

@@ -50,8 +50,9 @@ def opens_a_run(names: Names, call: cst.Call) -> str | None:
     return tracked_run(qualified or dotted)
 
 
-# Calls that open a run whatever their name says.
+# Calls that open a run whatever their name says, and their last parts (a cheap first test).
 OPENERS = {"wandb.init": "wandb run", "visdom.Visdom": "visdom connection"}
+OPENER_NAMES = frozenset(qualified.rsplit(".", 1)[1] for qualified in OPENERS)
 
 
 def tracked_run(qualified: str) -> str | None:

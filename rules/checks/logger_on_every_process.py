@@ -10,7 +10,7 @@ from accelify.rules.imports import ImportsRule
 from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.neighbours import ProjectRuns
 from accelify.transform.patterns import callee_name
-from accelify.transform.trackers import LOGGERS, opens_a_run
+from accelify.transform.trackers import LOGGERS, OPENER_NAMES, opens_a_run
 
 
 class LoggerOnEveryProcess(EveryProcessRule, ImportsRule):
@@ -73,6 +73,11 @@ class LoggerOnEveryProcess(EveryProcessRule, ImportsRule):
             "accelerator = Accelerator()\n\n\ndef setup_logging(cfg):\n"
             "    wandb.init(project=cfg.project)\n\n\nsetup_logging(cfg)\n"
         ),
+        # At the top of the script, which every process runs, the accelerator made in main().
+        Invalid(
+            "import visdom\n\nviz = visdom.Visdom()\n\n\ndef main():\n"
+            "    accelerator = Accelerator()\n\n\nif __name__ == '__main__':\n    main()\n"
+        ),
         # Called by a CLI (fire), not in the file: it creates the accelerator, so every process
         # runs it.
         Invalid(
@@ -89,7 +94,7 @@ class LoggerOnEveryProcess(EveryProcessRule, ImportsRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         last = callee_name(node) or ""
-        known = last == "init" or last.endswith(LOGGERS)  # cheap: most calls stop here
+        known = last in OPENER_NAMES or last.endswith(LOGGERS)  # cheap: most calls stop here
         what = opens_a_run(self.names, node) if known else None
         what = what or self._project.opened(self.names.qualify(node.func))
         if what is not None:

@@ -360,10 +360,13 @@ def _writing_mode(call: cst.Call) -> bool:
 
 
 def _report_loggers(plan: Plan) -> None:
-    """A logger every process opens writes N event files or runs: say so where it is built."""
+    """A logger every process opens writes N event files or runs: say so where it is built (in
+    the training code, or at the top of the script, which every process runs too)."""
     a = plan.analysis
     project = ProjectRuns(a.path)
-    for call, _scope in plan.training_calls():
+    for call, scope in a.calls:
+        if scope not in plan.training and not scope.is_module:
+            continue
         if not isinstance(a.parent(call), cst.Assign | cst.Expr):
             continue
         what = opens_a_run(a.names, call) or project.opened(a.names.qualify(call.func))
