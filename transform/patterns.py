@@ -349,3 +349,18 @@ _STAR_DRAWS = frozenset(
     {"random", "rand", "randn", "randint", "uniform", "normal", "choice", "shuffle",
      "permutation", "sample", "random_sample", "randrange", "gauss"}
 )  # fmt: skip
+
+
+# Random splits of a dataset, and the arguments that give one its own seed (torch's generator=,
+# scikit-learn's random_state=, datasets' seed=). Without one a split draws from the process's
+# own random stream.
+SPLITS = frozenset({"random_split", "train_test_split"})
+SPLIT_SEEDS = ("generator", "random_state", "seed")
+
+
+def unseeded_split(call: cst.Call) -> bool:
+    """``random_split(ds, [a, b])`` or ``train_test_split(x, y)`` with no seed of its own."""
+    if callee_name(call) not in SPLITS or any(keyword_arg(call, k) for k in SPLIT_SEEDS):
+        return False
+    positional = [arg for arg in call.args if arg.keyword is None]
+    return not (callee_name(call) == "random_split" and len(positional) >= 3)  # the generator

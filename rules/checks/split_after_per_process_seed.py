@@ -6,12 +6,9 @@ import libcst as cst
 
 from accelify.rules.facts import RANK_NAMES, Facts, mentions_rank
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import callee_name, dotted_name, keyword_arg
+from accelify.transform.patterns import callee_name, dotted_name, keyword_arg, unseeded_split
 
 _SEEDS = frozenset({"set_seed", "manual_seed", "seed"})
-_SPLITS = frozenset({"random_split", "train_test_split"})
-# The arguments that give a split its own seed (torch, scikit-learn, datasets).
-_OWN_SEEDS = ("generator", "random_state", "seed")
 
 
 class SplitAfterPerProcessSeed(Rule):
@@ -84,7 +81,7 @@ class SplitAfterPerProcessSeed(Rule):
                 _per_process(arg.value) for arg in node.args
             ):
                 self._per_process = True
-        elif name in _SPLITS and not any(keyword_arg(node, own) for own in _OWN_SEEDS):
+        elif unseeded_split(node):
             self._splits.append(node)
 
     def leave_Module(self, node: cst.Module) -> None:

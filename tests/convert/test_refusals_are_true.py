@@ -265,3 +265,25 @@ def test_refused_second_backward_would_let_replicas_drift(tmp_path: Path, monkey
     assert not convert(source).changed
     monkeypatch.setattr(setup_module, "_refuse_second_backward", lambda a, setup: None)
     _assert_drifted(_run_two(convert(source).code, "model", tmp_path))
+
+
+SPLIT_PROBE = """
+with open(f"split-{_os.environ.get('RANK', '0')}.txt", "w") as _f:
+    _f.write(repr(sorted(train.indices)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "apart"), [("split_unseeded", True), ("split_seeded", False)])
+def test_an_unseeded_split_is_drawn_apart_on_each_process(
+    case: str, apart: bool, tmp_path: Path
+) -> None:
+    """The refusal of split_unseeded holds: converted anyway, its two processes split the data
+    differently (each from its own random stream), while the seeded split is the same on both."""
+    source = (SOUND / f"{case}.in.py").read_text()
+    assert convert(source).changed is not apart  # refused today exactly when drawn apart
+    result = _run_two(_without("lockstep", source) + SPLIT_PROBE, "model", tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    splits = {f.stem[-1]: f.read_text() for f in tmp_path.glob("split-*.txt")}
+    assert set(splits) == {"0", "1"}
+    assert (splits["0"] != splits["1"]) is apart

@@ -38,6 +38,7 @@ from accelify.transform.patterns import (
     method_call,
     random_draw,
     target_names,
+    unseeded_split,
 )
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import LOCKSTEP
@@ -160,6 +161,27 @@ def lockstep(plan: Plan) -> None:
             if why is not None:
                 raise Refused(control, LOCKSTEP, _reason(a, control, test, why))
     _refuse_schedules_apart(a, scopes, v)
+    _refuse_splits_apart(plan, v)
+
+
+def _refuse_splits_apart(plan: Plan, v: Values) -> None:
+    """``random_split(ds, [50000, 10000])`` with no generator in a script that seeds nothing:
+    each process draws its own split, so the items one trains on are another's held-out ones
+    (the loader prepared over its part shards a different set on each process)."""
+    a = plan.analysis
+    if v.seeded:
+        return
+    for call, scope in a.calls:
+        if (scope in plan.training or scope.is_module) and unseeded_split(call):
+            raise Refused(
+                call,
+                LOCKSTEP,
+                f"{a.module.code_for_node(call.func)}(...) draws its split from each process's "
+                "own unseeded random stream: the processes would split the data differently, "
+                "and one would train on the items another holds out; give the split its own "
+                "seed (generator=torch.Generator().manual_seed(0), random_state=0) or seed the "
+                "script, and convert again",
+            )
 
 
 def _refuse_schedules_apart(a: Analysis, scopes: set[Scope], v: Values) -> None:
