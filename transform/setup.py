@@ -487,7 +487,9 @@ def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str
     training unwrapped, its gradients never shared."""
     scope = setup.scope
     called = _trained_models(a, setup) | _called_in_training(a, setup)
-    unprepared = {k for k in called - set(keys) if _bound_here(a, scope, k)}
+    unprepared = {
+        k for k in called - set(keys) if _bound_here(a, scope, k) and not _a_loss(a, scope, k)
+    }
     out = []
     for key in keys:
         bindings = [b for b in a.bindings if b.scope is scope and b.key == key]
@@ -512,6 +514,19 @@ def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str
             )
         out.append(next(iter(sources)))
     return list(dict.fromkeys(out))
+
+
+def _a_loss(a: Analysis, scope: Scope, key: str) -> bool:
+    """``criterion = nn.CrossEntropyLoss()``: bound only to torch's loss modules, which hold no
+    parameters, so handing one beside the model is no second model trained."""
+    values = [b.value for b in a.bindings if b.scope is scope and b.key == key]
+    return bool(values) and all(
+        isinstance(v, cst.Call)
+        and (q := a.names.qualify(v.func)) is not None
+        and q.startswith("torch.nn.")
+        and q.endswith("Loss")
+        for v in values
+    )
 
 
 def _called_in_training(a: Analysis, setup: Setup) -> set[str]:
