@@ -76,7 +76,8 @@ def writes(plan: Plan) -> None:
             plan.changed(call, f"{_what(call)} runs on the main process only")
             guarded.append(call)
     _report_fetches(plan, fetches, first)
-    _wait_after_data_writes(plan, guarded)
+    names = plan.analysis.names
+    _wait_after_data_writes(plan, [c for c in guarded if disk_writer(c, names) not in _ON_SCREEN])
     _report_loggers(plan)
 
 
@@ -379,6 +380,8 @@ def _report_loggers(plan: Plan) -> None:
 
 
 _MAIN_FLAGS = frozenset({"is_main_process", "is_local_main_process"})
+# Effects the main process alone now has that write no file: nothing for the others to wait on.
+_ON_SCREEN = frozenset({"show"})
 
 
 def on_main_only(a: Analysis, node: cst.CSTNode) -> bool:
