@@ -128,6 +128,9 @@ def _availability_only(a: Analysis, expr: cst.BaseExpression, scope: Scope) -> b
         return _availability_only(a, expr.expression, scope)
     if isinstance(expr, cst.Call):
         return (dotted_name(expr.func) or "").endswith("is_available")
+    if isinstance(expr, cst.IfExp):  # ``True if torch.cuda.is_available() else False``
+        constants = all(isinstance(v, cst.Name) for v in (expr.body, expr.orelse))
+        return constants and _availability_only(a, expr.test, scope)
     if isinstance(expr, cst.Name):
         values = [b.value for b in a.bindings if b.scope is scope and b.key == expr.value]
         return (
