@@ -42,12 +42,17 @@ FIRST_SIGHT_PLAIN = HERE / "first_sight_plain.csv"
 # Three more repositories of plain scripts (Kind-PyTorch-Tutorial, pytorch-book,
 # Text-Classification-Pytorch), at 788aaef: 21 files.
 FIRST_SIGHT_PLAIN_2 = HERE / "first_sight_plain_2.csv"
+# Three more (aladdinpersson's Machine-Learning-Collection ML/Pytorch, dragen1860's course,
+# pytorch/tutorials' beginner and intermediate sources), at d1908e0, reviewed by three helpers
+# with one verdict corrected in review: 43 files.
+FIRST_SIGHT_PLAIN_3 = HERE / "first_sight_plain_3.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
     FIRST_SIGHT_PROJECTS,
     FIRST_SIGHT_PLAIN,
     FIRST_SIGHT_PLAIN_2,
+    FIRST_SIGHT_PLAIN_3,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
