@@ -188,17 +188,18 @@ def uses_only(
     path: str,
     qualified: str,
     arg: int | str,
-    attributes: frozenset[str],
+    attributes: frozenset[str] | None,
     objects: Iterable[int | str] = (),
 ) -> bool:
     """Whether the function ``qualified`` (``util.lr_sched.adjust_learning_rate``), in a module
     beside ``path``, reads the parameter a call hands ``arg`` (a position or a keyword) only as
     ``<it>.<attribute>`` for ``attributes`` (``param_groups``: a learning-rate schedule;
-    ``state_dict``/``load_state_dict``: a checkpoint's save or load), or tests it against
-    ``None``. ``objects``: the arguments the call hands an object, never None, so that the
-    branch of ``if <it> is None:`` (or the ``else`` of ``is not None``) never runs for it:
-    MAE's ``save_model(..., model=model, loss_scaler=loss_scaler)`` reads ``model`` only where
-    ``loss_scaler`` is None."""
+    ``state_dict``/``load_state_dict``: a checkpoint's save or load; None: any attribute, so the
+    object itself is never kept, handed on or returned: ``for m in model.modules(): ...``), or
+    tests it against ``None``. ``objects``: the arguments the call hands an object, never None,
+    so that the branch of ``if <it> is None:`` (or the ``else`` of ``is not None``) never runs
+    for it: MAE's ``save_model(..., model=model, loss_scaler=loss_scaler)`` reads ``model``
+    only where ``loss_scaler`` is None."""
     tree, name = beside(path, qualified)
     function = defined_in(tree, name, ast.FunctionDef)
     if function is None or function.decorator_list:
@@ -224,7 +225,10 @@ def uses_only(
     return not nested and all(
         isinstance(n.ctx, ast.Load)
         and (
-            (isinstance(parent := parents.get(id(n)), ast.Attribute) and parent.attr in attributes)
+            (
+                isinstance(parent := parents.get(id(n)), ast.Attribute)
+                and (attributes is None or parent.attr in attributes)
+            )
             or _tested_against_none(parent)
         )
         for n in uses

@@ -364,3 +364,25 @@ def unseeded_split(call: cst.Call) -> bool:
         return False
     positional = [arg for arg in call.args if arg.keyword is None]
     return not (callee_name(call) == "random_split" and len(positional) >= 3)  # the generator
+
+
+def asks_availability(
+    expr: cst.BaseExpression,
+    name: Callable[[cst.Name], cst.BaseExpression | None] = lambda _n: None,
+) -> bool:
+    """Whether ``expr`` only asks whether a device is there (``torch.cuda.is_available()``,
+    combined with ``and``/``or``/``not``, or ``True if ... else False``), as an accelerator
+    does when it picks one; ``name`` gives the one value a name is bound to, when known."""
+    if isinstance(expr, cst.BooleanOperation):
+        return asks_availability(expr.left, name) and asks_availability(expr.right, name)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        return asks_availability(expr.expression, name)
+    if isinstance(expr, cst.Call):
+        return (dotted_name(expr.func) or "").endswith("is_available")
+    if isinstance(expr, cst.IfExp):
+        flags = {dotted_name(expr.body), dotted_name(expr.orelse)} == {"True", "False"}
+        return flags and asks_availability(expr.test, name)
+    if isinstance(expr, cst.Name):
+        value = name(expr)
+        return value is not None and asks_availability(value, name)
+    return False

@@ -9,20 +9,23 @@ import libcst as cst
 
 from accelify.rules.facts import Facts
 from accelify.rules.rule import Invalid, Report, Rule, Severity
-from accelify.transform.patterns import callee_name
+from accelify.transform.patterns import asks_availability, callee_name, dotted_name
+from accelify.transform.walk import nodes
 
 # ``use_cuda``, ``no_cuda``, ``use_gpu``, ``cpu``, ``use_mps``: a variable that picks the device.
 _SWITCH = re.compile(r"^(?:(?:use|no|with|on)_)?(?:cuda|gpu|cpu|mps)$", re.IGNORECASE)
 
 
 class IgnoredDeviceSwitch(Rule):
-    """A device switch (`use_cuda = ...`) nothing reads, while the accelerator picks the device.
+    """A device switch (`use_cuda = ...`) the accelerator ignores: it picks the device itself.
 
     ## What it does
     In a script that takes its device from `accelerator.device`, flags that binding when the
     script also sets a variable named like a device switch (`use_cuda`, `no_cuda`, `use_gpu`,
-    `cpu`, `use_mps`) and never reads it. A switch that only asks `torch.cuda.is_available()`
-    is left alone: the accelerator decides alike.
+    `cpu`, `use_mps`) and never reads it. In a script whose `Accelerator(...)` is given no
+    `cpu=`, flags `if args.cuda:` blocks that move things with `.cuda()` (pygcn's shape): the
+    switch still decides those moves, not where the model is. A switch that only asks
+    `torch.cuda.is_available()` is left alone: the accelerator decides alike.
 
     ## Why is this bad?
     The switch looks like it works (`--no-cuda` is accepted) but does nothing: the accelerator
@@ -64,18 +67,29 @@ class IgnoredDeviceSwitch(Rule):
             "    accelerator = Accelerator()\n    device = accelerator.device\n"
             "    model = Net().to(device)\n"
         ),
+        Invalid(
+            "accelerator = Accelerator()\nargs.cuda = not args.no_cuda\n"
+            "model = accelerator.prepare(model)\nif args.cuda:\n    features = features.cuda()\n"
+        ),
     )
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
         self._set: Counter[str] = Counter()  # assignments of switch-like names
         self._devices: list[cst.Assign] = []  # ``device = accelerator.device``
+        self._switched: list[tuple[cst.If, str]] = []  # ``if args.cuda: x = x.cuda()``
+        self._asked: set[str] = set()  # switches set only from ``is_available()``
+        self._chooses_cpu = False  # an ``Accelerator(cpu=...)`` in the file
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        asked = asks_availability(node.value)
         for target in node.targets:
             name = target.target
-            if isinstance(name, cst.Name) and _SWITCH.match(name.value) and not _asks(node.value):
+            if isinstance(name, cst.Name) and _SWITCH.match(name.value) and not asked:
                 self._set[name.value] += 1
+            switch = _switch(name)
+            if switch is not None and asked:
+                self._asked.add(switch)
         value = node.value
         if isinstance(value, cst.Attribute) and value.attr.value == "type":
             value = value.value  # ``accelerator.device.type``
@@ -86,7 +100,29 @@ class IgnoredDeviceSwitch(Rule):
         ):
             self._devices.append(node)
 
+    def visit_If(self, node: cst.If) -> None:
+        switch = _switch(node.test)
+        if switch is not None and any(
+            callee_name(call) == "cuda"
+            for call in nodes(node.body, cst.Call)  # type: ignore[arg-type]
+        ):
+            self._switched.append((node, switch))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if callee_name(node) == "Accelerator" and any(
+            arg.keyword is not None and arg.keyword.value == "cpu" for arg in node.args
+        ):
+            self._chooses_cpu = True
+
     def leave_Module(self, node: cst.Module) -> None:
+        if self.facts.creates_accelerator and not self._chooses_cpu:
+            for block, switch in self._switched:
+                if switch not in self._asked:
+                    self.report(
+                        block,
+                        f"`{switch}` decides the .cuda() moves here, but the accelerator picks "
+                        f"the device itself: pass it as `Accelerator(cpu=not {switch})`",
+                    )
         if not self._set or not self._devices:
             return
         # Rare (a switch and the accelerator's device): count every occurrence only now.
@@ -102,6 +138,15 @@ class IgnoredDeviceSwitch(Rule):
         )
 
 
+def _switch(node: cst.BaseExpression) -> str | None:
+    """``use_cuda`` or ``args.cuda``: a name or attribute named like a device switch."""
+    if isinstance(node, cst.Name) and _SWITCH.match(node.value):
+        return node.value
+    if isinstance(node, cst.Attribute) and _SWITCH.match(node.attr.value):
+        return dotted_name(node)
+    return None
+
+
 class _Occurrences(cst.CSTVisitor):
     def __init__(self, names: set[str]) -> None:
         super().__init__()
@@ -111,12 +156,3 @@ class _Occurrences(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         if node.value in self.names:
             self.counts[node.value] += 1
-
-
-def _asks(value: cst.BaseExpression) -> bool:
-    """Whether ``value`` only combines ``is_available()`` calls, as the accelerator does."""
-    if isinstance(value, cst.UnaryOperation):
-        return _asks(value.expression)
-    if isinstance(value, cst.BooleanOperation):
-        return _asks(value.left) and _asks(value.right)
-    return isinstance(value, cst.Call) and callee_name(value) == "is_available"

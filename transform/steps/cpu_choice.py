@@ -15,7 +15,13 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, Scope, key_of, mentions
-from accelify.transform.patterns import Role, device_call, dotted_name, is_device, method_call
+from accelify.transform.patterns import (
+    Role,
+    asks_availability,
+    device_call,
+    is_device,
+    method_call,
+)
 from accelify.transform.plan import Plan
 from accelify.transform.steps.device import device_chain
 
@@ -122,21 +128,12 @@ def _is_cpu(a: Analysis, value: cst.BaseExpression) -> bool:
 
 def _availability_only(a: Analysis, expr: cst.BaseExpression, scope: Scope) -> bool:
     """Made only of ``*.is_available()`` calls (through names bound once to such a test)."""
-    if isinstance(expr, cst.BooleanOperation):
-        return _availability_only(a, expr.left, scope) and _availability_only(a, expr.right, scope)
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
-        return _availability_only(a, expr.expression, scope)
-    if isinstance(expr, cst.Call):
-        return (dotted_name(expr.func) or "").endswith("is_available")
-    if isinstance(expr, cst.IfExp):  # ``True if torch.cuda.is_available() else False``
-        constants = all(isinstance(v, cst.Name) for v in (expr.body, expr.orelse))
-        return constants and _availability_only(a, expr.test, scope)
-    if isinstance(expr, cst.Name):
-        values = [b.value for b in a.bindings if b.scope is scope and b.key == expr.value]
-        return (
-            len(values) == 1 and values[0] is not None and _availability_only(a, values[0], scope)
-        )
-    return False
+
+    def bound(name: cst.Name) -> cst.BaseExpression | None:
+        values = [b.value for b in a.bindings if b.scope is scope and b.key == name.value]
+        return values[0] if len(values) == 1 else None
+
+    return asks_availability(expr, bound)
 
 
 def _negated(a: Analysis, condition: cst.BaseExpression) -> cst.BaseExpression:

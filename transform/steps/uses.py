@@ -385,7 +385,7 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         return None
     if use.role is Role.DATALOADER and use.bare and constructor_role(call, a.names) is use.role:
         return None  # ``train = DataLoader(train, ...)``: the name held the dataset until here
-    if _stepped_by_loss_scaler(a, use, call, arg) or _helper_reads(a, use, call, arg):
+    if _stepped_by_loss_scaler(a, use, call, arg) or _helper_reads(a, use, call, arg, setup):
         return None
     if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
         return None
@@ -437,15 +437,26 @@ _HELPER_READS = {
 }
 
 
-def _helper_reads(a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg) -> bool:
+def _helper_reads(
+    a: Analysis, use: _Use, call: cst.Call, arg: cst.Arg, setup: Setup | None = None
+) -> bool:
     """``lr_sched.adjust_learning_rate(optimizer, ...)``, ``misc.load_model(model_without_ddp=
     model_without_ddp, optimizer=optimizer)``: a function beside the file that reads what it is
-    handed only as :data:`_HELPER_READS` allows."""
+    handed only as :data:`_HELPER_READS` allows. Before prepare(), the bare model may be read
+    in any way that keeps no hold of it (``initialize_weights(gen)``: ``nn.init`` over its
+    modules): whatever it does, prepare() then wraps the module as it is."""
     qualified = a.names.qualify(call.func)
     attributes = _HELPER_READS.get(use.role)
     if use.role is Role.MODEL and not use.bare:
         attributes = frozenset()
-    if attributes is None or qualified is None or "." not in qualified or arg.star:
+    elif (
+        use.role is Role.MODEL
+        and setup is not None
+        and setup.prepare_at is not None
+        and not setup.timeline.after(setup.prepare_at, call)
+    ):
+        attributes = None
+    if use.role not in _HELPER_READS or qualified is None or "." not in qualified or arg.star:
         return False
     objects = [
         other.keyword.value if other.keyword is not None else i
