@@ -222,6 +222,8 @@ def uses_only(
         for n in ast.walk(function)
         if isinstance(n, ast.Name) and n.id == param and id(n) not in dead
     ]
+    if attributes is None and _hands_on(function, param, dead):
+        return False
     return not nested and all(
         isinstance(n.ctx, ast.Load)
         and (
@@ -233,6 +235,32 @@ def uses_only(
         )
         for n in uses
     )
+
+
+def _hands_on(function: ast.FunctionDef, param: str, dead: set[int]) -> bool:
+    """Whether ``param``, or a part of it, leaves ``function``: returned, yielded, or stored into
+    anything but itself (``registry.layer = model.layer``)."""
+
+    def mentions(node: ast.AST | None) -> bool:
+        return node is not None and any(
+            isinstance(n, ast.Name) and n.id == param for n in ast.walk(node)
+        )
+
+    def base(target: ast.expr) -> ast.expr:
+        while isinstance(target, ast.Attribute | ast.Subscript):
+            target = target.value
+        return target
+
+    for node in ast.walk(function):
+        if id(node) in dead:
+            continue
+        if isinstance(node, ast.Return | ast.Yield | ast.YieldFrom) and mentions(node.value):
+            return True
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) and mentions(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(not mentions(base(t)) for t in targets):
+                return True
+    return False
 
 
 def _parameter(function: ast.FunctionDef, arg: int | str) -> str | None:
