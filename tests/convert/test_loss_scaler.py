@@ -5,7 +5,6 @@ call is kept; any class that does more, or that the reading cannot see whole, is
 from __future__ import annotations
 
 import ast
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,38 +14,10 @@ from accelify.transform.loss_scaler import is_loss_scaler
 from accelify.transform.plan import Options
 from accelify.transform.project import programs
 
-SCALER = """
-class Scaler:
-    state_dict_key = "amp_scaler"
-
-    def __init__(self):
-        self._scaler = torch.cuda.amp.GradScaler()
-
-    def __call__(self, loss, optimizer, clip_grad=None, parameters=None, create_graph=False,
-                 update_grad=True):
-        self._scaler.scale(loss).backward(create_graph=create_graph)
-        if update_grad:
-            if clip_grad is not None:
-                assert parameters is not None
-                self._scaler.unscale_(optimizer)
-                norm = torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
-            else:
-                self._scaler.unscale_(optimizer)
-                norm = grad_norm(parameters)
-            self._scaler.step(optimizer)
-            self._scaler.update()
-        else:
-            norm = None
-        return norm
-
-    def state_dict(self):
-        return self._scaler.state_dict()
-
-
-def grad_norm(parameters):
-    parameters = [p for p in parameters if p.grad is not None]
-    return torch.norm(torch.stack([torch.norm(p.grad.detach(), 2.0) for p in parameters]), 2.0)
-"""
+# MAE's util/misc.py as the project fixture writes it: its loss scaler and the helpers beside.
+MISC = Path(__file__).parents[2] / "fixtures" / "project" / "ddp_loss_scaler" / "in" / "util"
+SCALER = (MISC / "misc.py").read_text()
+NAME = "NativeScalerWithGradNormCount"
 
 # Each variant changes one thing the reading must refuse, with why it matters.
 NOT_SCALERS = {
@@ -73,7 +44,7 @@ NOT_SCALERS = {
         "[p.grad.mul_(0.5) for p in parameters]\n    return torch.norm(",
     ),
     # an inherited __call__ or __init__ is not the one read
-    "inherits": ("class Scaler:", "class Scaler(Base):"),
+    "inherits": (f"class {NAME}:", f"class {NAME}(Base):"),
     # zeroes the gradients itself
     "zero_grad": (
         "self._scaler.update()",
@@ -85,12 +56,12 @@ NOT_SCALERS = {
         "self._scaler.step(self.opt)\n        return self._scaler.state_dict()",
     ),
     # no GradScaler built in __init__
-    "no_grad_scaler": ("torch.cuda.amp.GradScaler()", "make_scaler()"),
+    "no_grad_scaler": ('torch.amp.GradScaler("cuda", enabled=torch.cuda.is_available())', "make()"),
 }
 
 
 def _reads(source: str) -> bool:
-    return is_loss_scaler(ast.parse(source), "Scaler")
+    return is_loss_scaler(ast.parse(source), NAME)
 
 
 def test_maes_loss_scaler_is_one() -> None:
@@ -109,7 +80,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from util.misc import Scaler
+from util.misc import NativeScalerWithGradNormCount as Scaler
 
 model = nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -125,7 +96,7 @@ for x, y in loader:
 def _script(tmp_path: Path, scaler: str) -> str:
     (tmp_path / "util").mkdir()
     (tmp_path / "util" / "__init__.py").write_text("")
-    (tmp_path / "util" / "misc.py").write_text("import torch\n" + textwrap.dedent(scaler))
+    (tmp_path / "util" / "misc.py").write_text(scaler)
     return str(tmp_path / "train.py")
 
 
@@ -172,7 +143,7 @@ def test_a_module_whose_backward_is_a_loss_scalers_is_a_helper(tmp_path: Path) -
     Path(script).write_text(
         "import util.misc as misc\n"
         "from engine import train_one_epoch\n"
-        "from util.misc import Scaler\n"
+        f"from util.misc import {NAME} as Scaler\n"
     )
     files = [script, str(tmp_path / "engine.py"), str(tmp_path / "util" / "misc.py")]
     found = programs(files)
