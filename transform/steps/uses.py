@@ -453,7 +453,8 @@ def _helper_reads(
         use.role is Role.MODEL
         and setup is not None
         and setup.prepare_at is not None
-        and not setup.timeline.after(setup.prepare_at, call)
+        and a.scope_of.get(id(call)) is setup.scope
+        and setup.timeline.before(setup.prepare_at, call)
     ):
         attributes = None
     if use.role not in _HELPER_READS or qualified is None or "." not in qualified or arg.star:
