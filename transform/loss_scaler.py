@@ -1,4 +1,5 @@
-"""Loss scalers that run the backward pass and the optimizer step for the script.
+"""Loss scalers that run the backward pass and the optimizer step for the script, and with them
+which module beside a script trains.
 
 MAE's and ConvNeXt's ``util/misc.py`` (after timm's ``NativeScaler``) train through
 ``loss_scaler(loss, optimizer, clip_grad=..., parameters=model.parameters(), update_grad=...)``:
@@ -58,7 +59,7 @@ def trains_beside(path: str, qualified: str) -> tuple[str, bool] | None:
 
 
 def module_trains(tree: ast.Module) -> bool:
-    """A ``.backward()`` call, or an ``.zero_grad()`` one: a step whose backward a loss scaler
+    """A ``.backward()`` call, or a ``.zero_grad()`` one: a step whose backward a loss scaler
     runs (:mod:`~accelify.transform.loss_scaler`). The backward inside such a scaler's own class
     is not one: the module that defines it is a helper, read beside the script, never edited."""
     scalers = [

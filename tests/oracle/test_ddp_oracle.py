@@ -62,13 +62,16 @@ def test_sample_covers_every_axis_value() -> None:
 
 
 def _torchrun_forms() -> list[dict[str, str]]:
-    """Each torchrun variant of the axes that shape the training once, the batching axis taking
-    turns: the spawned forms differ from it only in how the processes start."""
-    batchings = itertools.cycle(AXES["batching"])
+    """Each torchrun variant of the axes that shape the training once, the batching and the
+    backend axes taking turns: the spawned forms differ from it only in how the processes
+    start."""
+    turns = itertools.cycle(itertools.product(AXES["batching"], AXES["backend"]))
     return [
-        {**c, "batching": next(batchings)}
+        {**c, **dict(zip(("batching", "backend"), next(turns), strict=True))}
         for c in variants()
-        if c["launch"] == "torchrun" and c["batching"] == AXES["batching"][0]
+        if c["launch"] == "torchrun"
+        and c["batching"] == AXES["batching"][0]
+        and c["backend"] == AXES["backend"][0]
     ]
 
 
