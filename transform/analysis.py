@@ -620,17 +620,11 @@ def _loss_scaler_steps(a: Analysis) -> bool:
         loops = [lp for lp in a.loops if lp.scope is scope and a.contains(lp.node, call)]
         for loop in loops:
             loop.trains = True
-        innermost = max(loops, key=lambda lp: _depth(a, lp.node), default=None)
+        around = a.enclosing(call, _LOOPS)
+        innermost = next((lp for lp in loops if lp.node is around), None)
         a.backward_calls.append((call, scope, innermost))
         found = True
     return found
-
-
-def _depth(a: Analysis, node: cst.CSTNode) -> int:
-    depth = 0
-    while (node := a.parent(node)) is not None:  # type: ignore[assignment]
-        depth += 1
-    return depth
 
 
 def _spread(a: Analysis, give: _RoleGiver, links: list[tuple[Scope, str, Scope, str]]) -> None:

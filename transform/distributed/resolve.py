@@ -270,14 +270,9 @@ def _returned_prepared(plan: Plan, function: Scope, target: cst.BaseExpression) 
     positions = {_position(r.value, target.value) for r in returns(function)}
     if len(positions) != 1 or (at := positions.pop()) == -1:
         return False
-    calls = [
-        node
-        for node, _scope in a.assignments
-        if isinstance(node, cst.Assign)
-        and isinstance(node.value, cst.Call)
-        and a.callee(node.value) is function
-        and len(node.targets) == 1
-    ]
+    calls = _assigned_from(a, function)
+    if any(len(assign.targets) != 1 for assign in calls):
+        return False
     names = []
     for assign in calls:
         unpacked = assign.targets[0].target
@@ -305,12 +300,19 @@ def _position(value: cst.BaseExpression | None, name: str) -> int | None:
 
 
 def _results_of(a: Analysis, function: Scope) -> list[cst.BaseExpression]:
-    """The names assigned from calls of ``function``."""
-    out = []
-    for b in a.bindings:
-        if isinstance(b.value, cst.Call) and a.callee(b.value) is function:
-            out.append(b.node.targets[0].target)  # type: ignore[union-attr]
-    return out
+    """What the calls of ``function`` are assigned to (a name, or a tuple unpacking them)."""
+    return [assign.targets[0].target for assign in _assigned_from(a, function)]
+
+
+def _assigned_from(a: Analysis, function: Scope) -> list[cst.Assign]:
+    """The assignments whose value is a call of ``function``."""
+    return [
+        node
+        for node, _scope in a.assignments
+        if isinstance(node, cst.Assign)
+        and isinstance(node.value, cst.Call)
+        and a.callee(node.value) is function
+    ]
 
 
 def _ddp_options(plan: Plan, options: dict[str, cst.BaseExpression]) -> None:
