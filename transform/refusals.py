@@ -245,9 +245,10 @@ ACCELERATOR_UNREACHABLE = Refusal(
     "code that needs the accelerator cannot reach it",
     "A converted line uses the accelerator, but it runs before the accelerator is created, or "
     "in a method of another class, a nested function or a function also called from "
-    "elsewhere, which cannot be handed it. A device chosen at module level and read by the "
-    "training function is the common case.",
-    'device = torch.device("cuda")  # module level\n\n'
+    "elsewhere, which cannot be handed it. A device chosen at module level and read by other "
+    "functions becomes `PartialState().device`, which the accelerator shares; one chosen there "
+    "more than once, or before the accelerator's `cpu=` choice, is the common case left.",
+    'device = "cpu"  # module level\nif torch.cuda.is_available():\n    device = "cuda"\n\n'
     "def train():\n    model = Net().to(device)\n    ...",
     "Move the code (or the device choice) into the function that creates the accelerator, or "
     "pass the accelerator to it by hand.",

@@ -204,6 +204,15 @@ RULES += (
         lambda c: c["stop"] != "loss_break" or c["scope"] in _ONE_SCOPE,
         "the last loss is read where the batch loop ran",
     ),
+    Rule(
+        ("device_at", "scope", "device"),
+        lambda c: (
+            c["device_at"] == "setup"
+            or (c["scope"] in ("main_func", "helpers") and c["device"] != "use_cuda_flag")
+        ),
+        "a module-level device is read as a global by the functions of a script with main(), "
+        "and chosen before the command line is parsed",
+    ),
 )
 
 
@@ -314,7 +323,7 @@ class Pieces:
         return [
             *c.part("argparse", "setup"),
             *c.part("accum_n", "setup"),
-            *c.part("device", "setup"),
+            *([] if c.v("device_at") == "module" else c.part("device", "setup")),
             *c.part("amp", "setup"),
             *c.part("data", "setup"),
             *c.part("arch", "build"),
@@ -368,7 +377,7 @@ class Pieces:
         if c.in_class:
             call = "self.evaluate()"
         else:
-            call = f"evaluate({', '.join(free_names(self._evaluate_body(c)))})"
+            call = f"evaluate({self.free(c, self._evaluate_body(c))})"
         return [f"{metric} = {call}", f'print(f"epoch {{epoch}} {metric} {{{metric}:.4f}}")']
 
     def _evaluate_body(self, c: Ctx) -> Lines:
@@ -386,7 +395,7 @@ class Pieces:
         if c.in_class:
             return ["self.train_epoch(epoch)"]
         if c.v("scope") == "helpers":
-            return [f"train({', '.join(free_names(self.epoch(c)))})"]
+            return [f"train({self.free(c, self.epoch(c))})"]
         return self.epoch(c)
 
     def main_lines(self, c: Ctx) -> Lines:
@@ -395,15 +404,26 @@ class Pieces:
         loop = c.part("epoch_loop", "wrap", [*self._train_call(c), *self.after_epoch(c), *stop])
         return [*self.prelude(c), *self.setup(c), *loop, *self.finish(c)]
 
+    def module_globals(self, c: Ctx) -> Lines:
+        """The device chosen at module level, where device_at says so."""
+        if c.v("device_at") != "module":
+            return []
+        return [*c.part("device", "setup"), "", ""]
+
+    def free(self, c: Ctx, body: Lines) -> str:
+        """The parameters a function around ``body`` takes: its free names but the globals."""
+        chosen = {c.n("device"), c.n("use_cuda")} if c.v("device_at") == "module" else set()
+        return ", ".join(name for name in free_names(body) if name not in chosen)
+
     def functions(self, c: Ctx) -> Lines:
         """Module-level train()/evaluate() helpers, each handed the names it reads."""
         out: Lines = []
         if c.v("scope") == "helpers":
             body = self.epoch(c)
-            out += [*block(f"def train({', '.join(free_names(body))}):", body), "", ""]
+            out += [*block(f"def train({self.free(c, body)}):", body), "", ""]
         if c.v("eval") == "function":
             body = self._evaluate_body(c)
-            out += [*block(f"def evaluate({', '.join(free_names(body))}):", body), "", ""]
+            out += [*block(f"def evaluate({self.free(c, body)}):", body), "", ""]
         return out
 
     def trainer_class(self, c: Ctx) -> Lines:

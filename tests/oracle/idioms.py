@@ -153,6 +153,7 @@ def _module(c: Ctx, p: Any) -> Lines:
 
 def _main_func(c: Ctx, p: Any) -> Lines:
     return [
+        *p.module_globals(c),
         *p.functions(c),
         *block("def main():", p.main_lines(c)),
         "",
@@ -278,6 +279,11 @@ DEVICE: dict[str, Idiom] = {
         ]
     },
 }
+
+
+# Where the device is chosen: in the setup, or once at module level, where the functions of a
+# script with main() read it as a global (the layout of many segmentation and GAN repositories).
+DEVICE_AT: dict[str, Idiom] = {"setup": {}, "module": {}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -987,4 +993,5 @@ AXES: dict[str, dict[str, Idiom]] = {
     "argparse": ARGPARSE,
     "alias": ALIAS,
     "stop": STOP,
+    "device_at": DEVICE_AT,
 }

@@ -22,7 +22,7 @@ from accelify.transform.patterns import placeholder_of, returned_shards
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCUMULATION, DDP_RANK, DDP_SAMPLER
 from accelify.transform.setup import Refused, origins
-from accelify.transform.steps.accelerator import picks_device
+from accelify.transform.steps.accelerator import process_state
 from accelify.transform.steps.unwrap import SYNC_TOGGLE
 from accelify.transform.walk import nodes
 
@@ -131,30 +131,7 @@ def _second_schedule(node: cst.CSTNode, what: str) -> Refused:
 
 
 def _state(plan: Plan, node: cst.CSTNode) -> cst.BaseExpression:
-    """The accelerator, or before it exists the process state, made with the accelerator's own
-    ``cpu=`` choice: HF's shared state is settled by whichever is made first, and a
-    ``PartialState()`` made first on a CPU host would settle on one process (every process then
-    trains alone on all the data)."""
-    accelerator = plan.accelerator(node, optional=True)
-    if accelerator is not None:
-        return accelerator
-    plan.imports.add("PartialState")
-    cpu = plan.accelerator_kwargs.get("cpu")
-    if cpu is None and not picks_device(plan.analysis):
-        cpu = cst.Name("True")
-    if cpu is None:
-        return cst.parse_expression("PartialState()")
-    if not (isinstance(cpu, cst.Name) and cpu.value in {"True", "False"}):
-        if plan.options.target == "accelerate":
-            raise Refused(
-                node,
-                DDP_RANK,
-                "the process index is read before the accelerator exists, and its cpu= choice "
-                f"({plan.analysis.module.code_for_node(cpu)}) is made later: HF's PartialState "
-                "made here would settle the process state without it",
-            )
-        return cst.parse_expression("PartialState()")
-    return cst.parse_expression(f"PartialState(cpu={cpu.value})")
+    return process_state(plan, node, DDP_RANK, "the process index is read")
 
 
 def _set_epoch(plan: Plan, call: cst.Call) -> None:

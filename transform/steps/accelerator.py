@@ -17,7 +17,7 @@ from accelify.transform.analysis import Analysis, Binding, Scope, key_of, mentio
 from accelify.transform.flow import Block, Point
 from accelify.transform.patterns import Role, dotted_name, is_device, keyword_arg, method_call
 from accelify.transform.plan import Plan
-from accelify.transform.refusals import BUILD_ORDER, BUILT_IN_LOOP, NAME_TAKEN
+from accelify.transform.refusals import BUILD_ORDER, BUILT_IN_LOOP, NAME_TAKEN, Refusal
 from accelify.transform.setup import Refused
 from accelify.transform.steps.moves import device_move
 from accelify.transform.steps.prepare import LINE_LENGTH
@@ -183,6 +183,36 @@ def picks_device(a: Analysis) -> bool:
         ):
             return True
     return False
+
+
+def process_state(
+    plan: Plan, node: cst.CSTNode, refusal: Refusal, subject: str
+) -> cst.BaseExpression:
+    """The accelerator, or before it exists the process state, made with the accelerator's own
+    ``cpu=`` choice: HF's shared state is settled by whichever is made first, and a
+    ``PartialState()`` made first on a CPU host would settle on one process (every process then
+    trains alone on all the data). Where that choice is made later, HF cannot have it, and
+    ``subject`` (what ``node`` does) is refused with ``refusal``."""
+    accelerator = plan.accelerator(node, optional=True)
+    if accelerator is not None:
+        return accelerator
+    plan.imports.add("PartialState")
+    cpu = plan.accelerator_kwargs.get("cpu")
+    if cpu is None and not picks_device(plan.analysis):
+        cpu = cst.Name("True")
+    if cpu is None:
+        return cst.parse_expression("PartialState()")
+    if not (isinstance(cpu, cst.Name) and cpu.value in {"True", "False"}):
+        if plan.options.target == "accelerate":
+            raise Refused(
+                node,
+                refusal,
+                f"{subject} before the accelerator exists, and its cpu= choice "
+                f"({plan.analysis.module.code_for_node(cpu)}) is made later: HF's PartialState "
+                "made here would settle the process state without it",
+            )
+        return cst.parse_expression("PartialState()")
+    return cst.parse_expression(f"PartialState(cpu={cpu.value})")
 
 
 def _holds_device(a: Analysis, scope: Scope, arg: cst.Arg) -> bool:

@@ -22,6 +22,7 @@ from accelify.transform.patterns import Role, is_device, pins_visible_devices
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCELERATOR_UNREACHABLE, BUILT_IN_LOOP, HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused
+from accelify.transform.steps.accelerator import process_state
 from accelify.transform.walk import nodes
 
 # Uses that need a string: comparisons, string methods, concatenation, autocast's device_type.
@@ -50,7 +51,7 @@ def device(plan: Plan) -> None:
         if mentions(b.value, devices - {b.key} - ordinals):
             continue  # derived from another device: it follows that one
         if b.scope not in plan.training:
-            _refuse_read_global(plan, b)
+            _read_global(plan, b)
             continue
         choices.setdefault((a.owner(b.scope, b.key), b.key), []).append(b)
     for bindings in choices.values():
@@ -65,11 +66,13 @@ def device(plan: Plan) -> None:
             )
 
 
-def _refuse_read_global(plan: Plan, binding: Binding) -> None:
+def _read_global(plan: Plan, binding: Binding) -> None:
     """A module-level device read by the training: the accelerator, created in a function,
     cannot reach back to rewrite it. When the setup function is its only reader, and reads it
-    only after the accelerator exists, a local ``device = accelerator.device`` shadows it there;
-    anything else would keep the script's own choice of device, and is refused."""
+    only after the accelerator exists, a local ``device = accelerator.device`` shadows it there.
+    When other functions read it, it becomes the process state's device (``PartialState()``,
+    which the accelerator made later shares), provided it is the module's one choice of that
+    name; anything else would keep the script's own choice of device, and is refused."""
     a = plan.analysis
     setup = plan.setup
     if not binding.scope.is_module or setup is None or setup.create_at is None:
@@ -88,18 +91,17 @@ def _refuse_read_global(plan: Plan, binding: Binding) -> None:
             readers[scope] = names
     if not readers:
         return
-    local = set(readers) == {setup.scope} and all(
-        setup.timeline.after(setup.create_at, n) for n in readers[setup.scope]
+    # A local ``device`` makes the name local to the whole function, so the accelerator's own
+    # arguments may not read the module's (``cpu=not ("cuda" in str(device))``).
+    local = (
+        set(readers) == {setup.scope}
+        and all(setup.timeline.after(setup.create_at, n) for n in readers[setup.scope])
+        and not any(mentions(v, {binding.key}) for v in plan.accelerator_kwargs.values())
     )
-    if not local or binding.key in plan.shadowed:
-        if not local:
-            raise Refused(
-                binding.node,
-                ACCELERATOR_UNREACHABLE,
-                f"{binding.key} is chosen at module level and read by the training in "
-                f"{', '.join(sorted(s.name + '()' for s in readers))}; choose it in "
-                f"{setup.scope.name}(), where the accelerator is created",
-            )
+    if not local:
+        _from_process_state(plan, binding, sorted(s.name + "()" for s in readers))
+        return
+    if binding.key in plan.shadowed:
         return
     plan.shadowed.add(binding.key)
     accelerator = plan.accelerator(readers[setup.scope][0])
@@ -114,6 +116,51 @@ def _refuse_read_global(plan: Plan, binding: Binding) -> None:
     else:
         plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
     plan.changed(point.next or point.previous, f"{code} in {setup.scope.name}()")  # type: ignore[arg-type]
+
+
+def _from_process_state(plan: Plan, binding: Binding, readers: list[str]) -> None:
+    a = plan.analysis
+    read_by = ", ".join(readers)
+    where = f"{binding.key} is chosen at module level and read by {read_by}"
+    statement = a.statement_of(binding.node)
+    declared = {n.name.value for g in nodes(a.module, cst.Global) for n in g.names}  # type: ignore[attr-defined]
+    alone = (
+        isinstance(a.parent(statement), cst.Module)
+        and binding.key not in declared
+        and not any(
+            other is not binding and other.key == binding.key and other.scope is a.scopes[0]
+            for other in a.bindings
+        )
+    )
+    if not alone or not isinstance(binding.node, cst.Assign) or len(binding.node.targets) != 1:
+        raise Refused(
+            binding.node,
+            ACCELERATOR_UNREACHABLE,
+            f"{binding.key} is chosen at module level more than once, or inside another "
+            f"statement, and read by {read_by}: one process state cannot stand for every "
+            "choice; choose it once in a plain statement, or in "
+            f"{plan.setup.scope.name}(), where the accelerator is created",  # type: ignore[union-attr]
+        )
+    cpu = plan.accelerator_kwargs.get("cpu")
+    if cpu is not None and not (isinstance(cpu, cst.Name) and cpu.value in {"True", "False"}):
+        raise Refused(
+            binding.node,
+            ACCELERATOR_UNREACHABLE,
+            f"{where}, before the accelerator's cpu= choice "
+            f"({a.module.code_for_node(cpu)}) is made: the process state made there would "
+            "settle the device without it",
+        )
+    state = process_state(plan, binding.node, ACCELERATOR_UNREACHABLE, where)
+    value: cst.BaseExpression = cst.Attribute(state, cst.Name("device"))
+    if _string_device(plan, [binding]):
+        value = cst.Attribute(value, cst.Name("type"))
+    plan.edits.replace(binding.value, value)  # type: ignore[arg-type]
+    code = a.module.code_for_node(value)
+    plan.changed(
+        binding.node,
+        f"{binding.key} = {code}: the process state, made here, gives {read_by} "
+        "this process's device before the accelerator exists, and the accelerator shares it",
+    )
 
 
 def _one_device(plan: Plan, bindings: list[Binding]) -> None:
