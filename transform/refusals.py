@@ -39,8 +39,8 @@ OTHER_PARALLELISM = Refusal(
     "ACR102",
     "other-parallelism",
     "the script distributes itself in a way accel-convert does not rewrite",
-    "Only plain data parallelism written with `DistributedDataParallel` is turned into an "
-    "Accelerator. FSDP, device meshes, tensor or pipeline parallelism, RPC, `DataParallel`, "
+    "Only plain data parallelism written with `DistributedDataParallel` or `DataParallel` is "
+    "turned into an Accelerator. FSDP, device meshes, tensor or pipeline parallelism, RPC, "
     "worker processes started by hand or `deepspeed.initialize` train a different program from "
     "a prepared one: converting them would change what the script computes.",
     "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\nmodel = FSDP(Net())",
@@ -344,7 +344,9 @@ DDP_WRAPPER = Refusal(
     "The `DDP(...)` wrapper goes and its options carry over as "
     "`DistributedDataParallelKwargs`. Options given by position, computed, different between "
     "models or without an Accelerate equivalent, or a `.module` of a model the rewrite cannot "
-    "follow, cannot.",
+    "follow, cannot. `nn.DataParallel` goes too where it wraps the model only in an `if` whose "
+    "other runs train the bare model; one on every path (whose forward may rely on each GPU's "
+    "share of the batch) or splitting the batch along another `dim=` cannot.",
     "model = DDP(model, [rank], None, True)",
     "Pass the options by keyword with literal values, or set `DistributedDataParallelKwargs` "
     "in the accelerator by hand.",

@@ -213,6 +213,12 @@ RULES += (
         "a module-level device is read as a global by the functions of a script with main(), "
         "and chosen before the command line is parsed",
     ),
+    Rule(
+        ("wrap", "model_extra"),
+        lambda c: c["wrap"] != "data_parallel" or c["model_extra"] == "none",
+        "a model always wrapped in DataParallel is only called (the wrapper has no methods of "
+        "the model's class)",
+    ),
 )
 
 
@@ -328,6 +334,7 @@ class Pieces:
             *c.part("data", "setup"),
             *c.part("arch", "build"),
             *c.part("model_move", "after_build"),
+            *c.part("wrap", "after_build"),
             *c.part("alias", "after_build"),
             *c.part("extra_tensor", "setup"),
             *c.part("loss", "setup"),
@@ -626,7 +633,7 @@ def all_variants() -> set[tuple[str, str]]:
     return {(axis, v) for axis, variants in AXES.items() for v in variants}
 
 
-def covering_sample(seed: int, count: int, pool: int = 1500) -> list[int]:
+def covering_sample(seed: int, count: int, pool: int = 3000) -> list[int]:
     """``count`` indices of ``seed`` chosen greedily so that every variant appears at least once
     (then at least twice, and so on, while there is room): a small sample that misses nothing."""
     variants = {i: set(choose(seed, i).items()) for i in range(pool)}

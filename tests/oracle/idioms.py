@@ -950,6 +950,20 @@ ALIAS: dict[str, Idiom] = {
     "model_list": {"after_build": lambda c: [f"models = [{c.model}]", "print(len(models))"]},
 }
 
+# The model wrapped in nn.DataParallel (which, with no GPU, runs the module itself): the rewrite
+# drops it and prepare() wraps the bare model.
+WRAP: dict[str, Idiom] = {
+    "none": {},
+    "data_parallel_if_gpus": {
+        "after_build": lambda c: [
+            "if torch.cuda.device_count() > 1:",
+            '    print("using", torch.cuda.device_count(), "GPUs")',
+            *(f"    {m} = nn.DataParallel({m})" for m in c.models),
+        ]
+    },
+    "data_parallel": {"after_build": lambda c: [f"{m} = nn.DataParallel({m})" for m in c.models]},
+}
+
 STOP: dict[str, Idiom] = {
     "none": {},
     # Decided by the epoch counter, equal on every process: converts.
@@ -994,4 +1008,5 @@ AXES: dict[str, dict[str, Idiom]] = {
     "alias": ALIAS,
     "stop": STOP,
     "device_at": DEVICE_AT,
+    "wrap": WRAP,
 }

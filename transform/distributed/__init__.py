@@ -31,7 +31,7 @@ from accelify.transform.distributed.sampler import drop_samplers
 from accelify.transform.distributed.spawn import unspawn
 from accelify.transform.distributed.switch import collapse_switches
 from accelify.transform.distributed.sync import keep_sync_toggles
-from accelify.transform.distributed.wrapper import unwrap_ddp
+from accelify.transform.distributed.wrapper import unwrap_ddp, wrapper_of
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.plan import Note, Step, refused_note, run_step
@@ -55,7 +55,7 @@ _REWRITES: tuple[Callable[[Rewrite], None], ...] = (
     collectives,
 )
 # Words without which a file cannot distribute itself: most files skip the analysis here.
-_HINTS = ("torch.distributed", "DistributedDataParallel", "DistributedSampler", "multiprocessing")
+_HINTS = ("torch.distributed", "DataParallel", "DistributedSampler", "multiprocessing")
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def dedistribute(module: cst.Module, source: str, path: str = "<string>") -> Ded
     rewrite = Rewrite(analysis, path)
     try:
         refuse_other_parallelism(rewrite)
-        if not _wraps_ddp(analysis):
+        if not _wraps_a_model(analysis):
             return None  # processes that train apart (no DDP) would be changed by prepare()
         for run in _REWRITES:
             run_step(run, rewrite, rewrite.notes)
@@ -101,10 +101,9 @@ def dedistribute(module: cst.Module, source: str, path: str = "<string>") -> Ded
     )
 
 
-def _wraps_ddp(a: Analysis) -> bool:
-    return any(
-        a.names.refers_to(call.func, ("torch",), "DistributedDataParallel") for call, _s in a.calls
-    )
+def _wraps_a_model(a: Analysis) -> bool:
+    """Whether a DistributedDataParallel or DataParallel wrapper is built."""
+    return any(wrapper_of(a, call) for call, _s in a.calls)
 
 
 def _line_map(original: str, intermediate: str) -> list[int]:

@@ -10,6 +10,13 @@ on one process or before prepare(), and the module inside the wrapper after it (
 (``model.module.decode(z)``), it becomes ``model.decode(z)``, which the conversion's unwrap step
 sends to the module. Any other ``.module`` in the file is refused: it may be a wrapper's that the
 rewrite did not see.
+
+``nn.DataParallel(model, device_ids=...)`` goes too, where the script wraps the model only in
+an ``if`` with no ``else`` (``if torch.cuda.device_count() > 1:``, ``if device == "cuda":``,
+DCGAN's ``ngpu > 1``): the script then trains the bare model on the full batch on the runs that
+skip it, so its forward does not rely on the share of the batch each GPU gets, and one process
+per GPU (``accel-run``) replaces one process driving them all. The ``if`` goes with it when it
+only wrapped and printed; cuDNN flags set there stay. Any other DataParallel is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
 from accelify.transform.distributed.context import Rewrite
-from accelify.transform.patterns import placeholder
+from accelify.transform.patterns import dotted_name, placeholder
 from accelify.transform.refusals import DDP_WRAPPER
 from accelify.transform.walk import nodes
 
@@ -34,21 +41,55 @@ CARRIED = frozenset(
     }
 )
 _PLACEMENT = frozenset({"device_ids", "output_device"})
+_DP_PARAMETERS = ("module", "device_ids", "output_device", "dim")
+
+
+# The wrappers, by the last part of their name in torch.
+WRAPPERS = ("DistributedDataParallel", "DataParallel")
+
+
+def wrapper_of(a: Analysis, call: cst.Call) -> str | None:
+    """``"DistributedDataParallel"`` or ``"DataParallel"`` when ``call`` builds that wrapper."""
+    last = a.names.last_part(call.func)
+    if last in WRAPPERS and a.names.refers_to(call.func, ("torch",), last):
+        return last
+    return None
 
 
 def unwrap_ddp(r: Rewrite) -> None:
     a = r.analysis
     for call, scope in a.calls:
-        if a.names.last_part(call.func) != "DistributedDataParallel" or not a.names.refers_to(
-            call.func, ("torch",), "DistributedDataParallel"
-        ):
+        wrapper = wrapper_of(a, call)
+        if wrapper is None:
             continue
-        model = _options(r, call)
+        model = _options(r, call) if wrapper == WRAPPERS[0] else _data_parallel(r, call)
         parent = a.parent(call)
         line = a.parent(parent) if isinstance(parent, cst.Assign) else None
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
         if target is not None and key_of(target) is not None:
             r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
+        if wrapper == WRAPPERS[1]:
+            branch, whole = _optional_branch(r, call, line)
+            if target is None or not _already(r, scope, target, model):
+                raise r.refuse(
+                    call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name"
+                )
+            if not whole:
+                r.remove(line)
+            elif not r.edits.is_removed(branch):
+                r.remove(branch)
+            test = a.module.code_for_node(branch.test)
+            what = (
+                f"with the `if {test}:` around it, which only wrapped or printed"
+                if whole
+                else f"from the `if {test}:`, whose cuDNN flags stay"
+            )
+            r.changed(
+                call,
+                f"DataParallel removed {what}: prepare() wraps the model, and accel-run starts "
+                "one process per GPU where DataParallel drove them all from one",
+            )
+            continue
         same = target is not None and _already(r, scope, target, model)
         if same and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             r.remove(line)
@@ -72,6 +113,77 @@ def unwrap_ddp(r: Rewrite) -> None:
             either or attribute,
             lambda _node, m=attribute.value: cst.Call(placeholder("unwrap_model"), [cst.Arg(m)]),  # type: ignore[attr-defined]
         )
+
+
+def _data_parallel(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
+    """The model ``nn.DataParallel`` wraps; its placement options go with it."""
+    if any(arg.star for arg in call.args):
+        raise r.refuse(call, DDP_WRAPPER, "DataParallel is given its arguments with *")
+    given = {
+        arg.keyword.value if arg.keyword is not None else _DP_PARAMETERS[min(i, 3)]: arg.value
+        for i, arg in enumerate(call.args)
+    }
+    dim = given.get("dim")
+    if dim is not None and not (isinstance(dim, cst.Integer) and dim.value == "0"):
+        raise r.refuse(call, DDP_WRAPPER, "DataParallel's dim= splits the batch along another axis")
+    if "module" not in given or set(given) - set(_DP_PARAMETERS):
+        raise r.refuse(call, DDP_WRAPPER, "DataParallel is given arguments it does not take")
+    return given["module"]
+
+
+def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tuple[cst.If, bool]:
+    """The ``if`` (with no ``else``) that wraps the model only on some runs (``if
+    torch.cuda.device_count() > 1:``, ``if device == "cuda":``), and whether it goes whole: it
+    does nothing else but wrap and print. The script runs the bare model on the full batch when
+    the test fails, so its forward does not rely on the share of the batch each GPU gets
+    (``x.view(batch_size // num_gpus, ...)``). Its other lines may only set cuDNN's flags, which
+    stay; any other DataParallel is refused."""
+    a = r.analysis
+    block = a.parent(line) if line is not None else None
+    branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(branch, cst.If) or branch.orelse is not None:
+        raise r.refuse(
+            call,
+            DDP_WRAPPER,
+            "DataParallel wraps the model on every path (not in an `if` whose other runs train "
+            "the bare model): its forward may rely on the share of the batch each GPU gets, "
+            "which one process per GPU does not give; drop it by hand where the model does not",
+        )
+    more = [s for s in block.body if not _about_the_gpus(a, s)]  # type: ignore[union-attr]
+    flags = [s for s in more if _sets_a_backend_flag(s)]
+    if len(flags) < len(more):
+        raise r.refuse(
+            next(s for s in more if s not in flags),
+            DDP_WRAPPER,
+            f"the `if {a.module.code_for_node(branch.test)}:` around DataParallel does more than "
+            "wrap, print and set cuDNN's flags: launched one process per GPU, every process "
+            "still sees them all and would run it",
+        )
+    return branch, not more
+
+
+def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:
+    """``cudnn.benchmark = True`` (or ``torch.backends.cudnn.deterministic = ...``)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return False
+    target = dotted_name(small.targets[0].target)
+    return target is not None and target.split(".")[-2:-1] == ["cudnn"]
+
+
+def _about_the_gpus(a: Analysis, statement: cst.BaseStatement) -> bool:
+    """A line that only prints, or only wraps a model in DataParallel."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    value = small.value if isinstance(small, cst.Expr | cst.Assign) else None
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(small, cst.Assign):
+        return wrapper_of(a, value) == WRAPPERS[1]
+    return isinstance(value.func, cst.Name) and value.func.value == "print"
 
 
 def _either(a: Analysis, attribute: cst.Attribute) -> cst.IfExp | None:
