@@ -149,6 +149,15 @@ def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tu
             "the bare model): its forward may rely on the share of the batch each GPU gets, "
             "which one process per GPU does not give; drop it by hand where the model does not",
         )
+    counted = _gpu_count_read(a)
+    if counted is not None:
+        raise r.refuse(
+            counted,
+            DDP_WRAPPER,
+            "the script reads the GPU count here (beyond the test around DataParallel and "
+            "what it prints), as for a batch DataParallel spread over them: launched one "
+            "process per GPU, every process still sees them all and would read it too",
+        )
     more = [s for s in block.body if not _about_the_gpus(a, s)]  # type: ignore[union-attr]
     flags = [s for s in more if _sets_a_backend_flag(s)]
     if len(flags) < len(more):
@@ -160,6 +169,39 @@ def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tu
             "still sees them all and would run it",
         )
     return branch, not more
+
+
+def _gpu_count_read(a: Analysis) -> cst.Call | None:
+    """A ``torch.cuda.device_count()`` outside the tests of the ``if``s that wrap a model in
+    DataParallel and outside what is only printed or logged (``batch_size *=
+    torch.cuda.device_count()``), or None."""
+    for call in nodes(a.module, cst.Call):
+        if a.names.last_part(call.func) != "device_count":  # type: ignore[attr-defined]
+            continue
+        branch = a.enclosing(call, (cst.If,))
+        if (
+            isinstance(branch, cst.If)
+            and a.contains(branch.test, call)
+            and any(wrapper_of(a, c) == WRAPPERS[1] for c in nodes(branch.body, cst.Call))  # type: ignore[arg-type]
+        ):
+            continue
+        shown = a.enclosing(call, (cst.Call,))
+        while shown is not None and not _shows(shown):
+            shown = a.enclosing(shown, (cst.Call,))
+        if shown is None:
+            return call  # type: ignore[return-value]
+    return None
+
+
+def _shows(call: cst.Call) -> bool:
+    """``print(...)`` or a logger's ``.info(...)``/``.debug(...)``/``.warning(...)``."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value == "print"
+    return isinstance(func, cst.Attribute) and func.attr.value in _LOGS
+
+
+_LOGS = frozenset({"debug", "info", "warning", "warn", "error", "log"})
 
 
 def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:
