@@ -83,7 +83,8 @@ class Setup:
     create_at: Point | None = None  # final once the accelerator's arguments are known
     loaders: set[str] = field(default_factory=set)  # prepared loaders (keys of ``scope``)
     kept_loaders: dict[str, Binding] = field(default_factory=dict)  # evaluation only
-    unsharded: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # training loops
+    # training loops no prepared loader feeds: (loop, why, what to do)
+    unsharded: list[tuple[cst.CSTNode, str, str]] = field(default_factory=list)
     partly_trained: set[str] = field(default_factory=set)  # models the optimizer holds part of
     factory_loaders: dict[str, cst.CSTNode] = field(default_factory=dict)  # built where unseen
     factory_calls: dict[str, str] = field(default_factory=dict)  # ... and by what
@@ -588,16 +589,20 @@ def _loaders(a: Analysis, setup: Setup, trained: list[str]) -> list[str]:
     trains = _trains(a)
     training: dict[str, cst.CSTNode] = {}
     evaluating: dict[str, cst.CSTNode] = {}
+    elsewhere: list[tuple[cst.CSTNode, str]] = []  # training loaders built out of the setup
     for node, scope, key, in_training in _loader_uses(a, setup, trains):
         if a.role(scope, key) is not Role.DATALOADER:
             continue  # a loop over something else (a list of features, a batch's chunks)
-        for origin in origins(a, setup.scope, scope, key):
+        found = origins(a, setup.scope, scope, key)
+        if in_training and not found:
+            elsewhere.append((node, key))
+        for origin in found:
             (training if in_training else evaluating).setdefault(origin, node)
     prepared = []
     for key, node in training.items():
         kind, what = _loader_kind(a, setup.scope, key)
         if kind == "other":
-            setup.unsharded.append((node, f"{key} is not a torch DataLoader ({what})"))
+            setup.unsharded.append((node, f"{key} is not a torch DataLoader ({what})", _SHARD))
             continue
         prepared.append(key)
         if kind == "factory":
@@ -613,10 +618,26 @@ def _loaders(a: Analysis, setup: Setup, trained: list[str]) -> list[str]:
             if runs_ahead_of_builds(a, setup, call, trained):
                 continue  # an autograd demo before the model: the backward step says so
             node = a.enclosing(call, (cst.For, cst.While)) or call
-            if not any(_in(a, node, n) for n, _r in setup.unsharded):
-                setup.unsharded.append((node, "no DataLoader feeds this training step"))
+            if any(_in(a, node, n) for n, _r, _w in setup.unsharded):
+                continue
+            outside = next((key for n, key in elsewhere if _in(a, node, n)), None)
+            if outside is None:
+                setup.unsharded.append((node, "no DataLoader feeds this training step", _SHARD))
+                continue
+            there = "at module level" if setup.scope.is_module else f"in {setup.scope.name}()"
+            setup.unsharded.append(
+                (
+                    node,
+                    f"{outside} feeds this training step but is not built {there}, where "
+                    "prepare() runs (it stays unprepared)",
+                    "build it there (or prepare it where it is built) to shard the data",
+                )
+            )
     setup.loaders = set(prepared)
     return sorted(prepared, key=lambda k: _first_bound(a, setup.scope, k))
+
+
+_SHARD = "iterate a DataLoader and prepare() it to shard the data"
 
 
 def _fed(a: Analysis, setup: Setup, node: cst.CSTNode, loaders: set[str], seen: set[int]) -> bool:
@@ -843,6 +864,20 @@ def _only_looks(a: Analysis, setup: Setup, loop: Loop) -> bool:
     return not others.intersection(used)
 
 
+def redefinition(a: Analysis, scope: Scope) -> str | None:
+    """Why a step in ``scope`` cannot be followed when its function is defined again beside it
+    (a notebook's second ``def training_loop``): calls are linked to one definition only."""
+    if scope.is_module:
+        return None
+    same = [s for s in a.scopes if s.parent is scope.parent and s.cls is scope.cls]
+    if sum(s.name == scope.name for s in same) < 2:
+        return None
+    return (
+        f"{scope.name}() is defined more than once: which definition a call runs depends on "
+        "where the call is, which accel-convert does not follow; give each its own name"
+    )
+
+
 def _prepare_point(a: Analysis, setup: Setup) -> Point:
     """Right after the last build of a prepared object, before training first uses one."""
     timeline = setup.timeline
@@ -854,7 +889,8 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
             raise Refused(
                 node,
                 STEP_OUTSIDE_SETUP,
-                f"this training step does not run from {setup.scope.name}()",
+                redefinition(a, a.scope_of[id(node)])
+                or f"this training step does not run from {setup.scope.name}()",
             )
         anchors.extend(found)
         after_scope = after_scope or not found

@@ -127,7 +127,7 @@ class UnshardedTrainingData(Rule):
             return
         if setup is None:
             return
-        for loop, reason in setup.unsharded:
+        for loop, reason, _advice in setup.unsharded:
             self.report(loop, f"{reason}, so every process trains on all the data")
         for binding in setup.prepared:
             key = binding.key

@@ -85,7 +85,7 @@ def prepare(plan: Plan) -> None:
             plan, sorted(setup.partly_trained), discarded=discarded, idle=idle, drawn=drawn, cut=cut
         )
     by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
-    for node, reason in setup.unsharded:
+    for node, reason, advice in setup.unsharded:
         if by_rank:  # as accel-lint's ACL211, which stays quiet there
             plan.info(
                 node,
@@ -95,8 +95,7 @@ def prepare(plan: Plan) -> None:
             continue
         plan.needs_human(
             node,
-            f"{reason}, so every process trains on all the data; iterate a DataLoader and "
-            "prepare() it to shard the data",
+            f"{reason}, so every process trains on all the data; {advice}",
         )
     _epoch_schedulers(plan)
 
