@@ -22,6 +22,7 @@ from accelify.transform.names import NameCollector, Names
 from accelify.transform.neighbours import class_passes_through, passes_through
 from accelify.transform.patterns import (
     CLOSURE_OPTIMIZERS,
+    SCHEDULERS,
     Role,
     callee_name,
     constructor_role,
@@ -112,6 +113,7 @@ class Analysis:
     parents: dict[int, cst.CSTNode] = field(default_factory=dict)
     scope_of: dict[int, Scope] = field(default_factory=dict)  # id(any node) -> its scope
     model_classes: set[str] = field(default_factory=set)
+    scheduler_classes: set[str] = field(default_factory=set)  # this file's LR schedulers
     functions: dict[str, Scope] = field(default_factory=dict)  # module-level defs and methods
     methods: dict[str, dict[str, Scope]] = field(default_factory=dict)  # class name -> its defs
     calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)
@@ -232,7 +234,7 @@ class Analysis:
         """``C`` for ``C(...)`` building an instance of a class of this file that is not a
         module (a module's construction is its build, not a call into training code)."""
         name = dotted_name(call.func) if isinstance(call, cst.Call) else None
-        if name in self.methods and name not in self.model_classes:
+        if name in self.methods and name not in self.model_classes | self.scheduler_classes:
             return name
         return None
 
@@ -402,6 +404,11 @@ class _Collector(NameCollector):
             bases & self.a.model_classes
         ):
             self.a.model_classes.add(node.name.value)
+        if (
+            any(b.split(".")[-1] in _SCHEDULER_BASES for b in bases)
+            or bases & self.a.scheduler_classes
+        ) and _only_schedules(node):
+            self.a.scheduler_classes.add(node.name.value)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self.classes.pop()
@@ -716,6 +723,24 @@ class _RoleGiver:
         return True
 
 
+# A class deriving from one of these is a learning-rate scheduler (warm-up schedules, LR finders).
+_SCHEDULER_BASES = SCHEDULERS | {"_LRScheduler", "LRScheduler"}
+
+
+def _only_schedules(cls: cst.ClassDef) -> bool:
+    """A scheduler class that steps, clears or back-propagates nothing but through ``super()``:
+    it only sets the optimizer's learning rates, alike for the bare and the prepared one."""
+    for call in nodes(cls, cst.Call):
+        func = call.func  # type: ignore[attr-defined]
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in {"step", "zero_grad", "backward"}
+            and not (isinstance(func.value, cst.Call) and callee_name(func.value) == "super")
+        ):
+            return False
+    return True
+
+
 def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
     for b in a.bindings:
         if b.value is None:
@@ -725,6 +750,8 @@ def _roles_from_constructors(a: Analysis, give: _RoleGiver) -> None:
         role = constructor_role(base, a.names)
         if role is None and name in a.model_classes:
             role = Role.MODEL
+        if role is None and name in a.scheduler_classes:
+            role = Role.SCHEDULER
         if role is None and name in CLOSURE_OPTIMIZERS:
             role = Role.OPTIMIZER
         if role is None and is_device(b.value, by_name=False, names=a.names):

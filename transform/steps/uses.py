@@ -383,6 +383,8 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         )
     if constructor_role(call, a.names) in (Role.OPTIMIZER, Role.SCHEDULER):
         return None
+    if use.role is Role.OPTIMIZER and last in a.scheduler_classes:
+        return None  # a scheduler class of this file: it sets the learning rates only
     if use.role is Role.DATALOADER and use.bare and constructor_role(call, a.names) is use.role:
         return None  # ``train = DataLoader(train, ...)``: the name held the dataset until here
     if _stepped_by_loss_scaler(a, use, call, arg) or _helper_reads(a, use, call, arg, setup):
