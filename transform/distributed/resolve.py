@@ -317,9 +317,10 @@ def _no_waits_under_conditions(plan: Plan) -> None:
             kept = [s for s in new if not _is_wait(s)]
             if len(kept) != len(new):
                 lead = next(s for s in new if _is_wait(s)).leading_lines  # type: ignore[attr-defined]
-                plan.edits.replace(
-                    anchor, lambda node, lead=lead: node.with_changes(leading_lines=lead)
-                )
+                if lead:  # the wait had taken the anchor's own lines: they go back to it
+                    plan.edits.replace(
+                        anchor, lambda node, lead=lead: node.with_changes(leading_lines=lead)
+                    )
                 new[:] = kept
 
 
@@ -329,11 +330,24 @@ def _is_wait(statement: cst.BaseStatement) -> bool:
     )
 
 
+def _runs_as_script(branch: cst.CSTNode) -> bool:
+    """``if __name__ == "__main__":``, which every launched process runs."""
+    if not isinstance(branch, cst.If) or not isinstance(test := branch.test, cst.Comparison):
+        return False
+    right = test.comparisons[0].comparator if len(test.comparisons) == 1 else None
+    return (
+        isinstance(test.left, cst.Name)
+        and test.left.value == "__name__"
+        and isinstance(right, cst.SimpleString)
+        and right.evaluated_value == "__main__"
+    )
+
+
 def _conditional(a: Analysis, node: cst.CSTNode, seen: set[int]) -> bool:
     """Whether ``node`` runs under an ``if`` (in its function, or at a call of the function)."""
     current = a.parent(node)
     while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
-        if isinstance(current, cst.If | cst.IfExp | cst.While):
+        if isinstance(current, cst.If | cst.IfExp | cst.While) and not _runs_as_script(current):
             return True
         current = a.parent(current)
     scope = a.scope_of.get(id(node))

@@ -34,6 +34,7 @@ from accelify.transform.patterns import (
 )
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
+from accelify.transform.steps.save import rank_safe
 from accelify.transform.trackers import opens_a_run
 from accelify.transform.walk import nodes
 
@@ -77,7 +78,9 @@ def writes(plan: Plan) -> None:
             guarded.append(call)
     _report_fetches(plan, fetches, first)
     names = plan.analysis.names
-    _wait_after_data_writes(plan, [c for c in guarded if disk_writer(c, names) not in _ON_SCREEN])
+    files = [c for c in guarded if disk_writer(c, names) not in _ON_SCREEN]
+    _wait_after_data_writes(plan, files)
+    _wait_before_reads_back(plan, files)
     _report_loggers(plan)
 
 
@@ -128,6 +131,56 @@ def _wait_after_data_writes(plan: Plan, guarded: list[cst.Call]) -> None:
             "the other processes wait here for the files the main process wrote, before "
             "they read them",
         )
+
+
+# Reads of files from disk (function -> packages it comes from), by what they are called.
+_DISK_READERS = {
+    "imread": ("imageio", "matplotlib", "cv2", "skimage"),
+    "listdir": ("os",),
+    "glob": ("glob",),
+    "read_csv": ("pandas",),
+    "open": ("PIL",),
+}
+
+
+def _wait_before_reads_back(plan: Plan, written: list[cst.Call]) -> None:
+    """Files the main process alone now writes while training (a figure per epoch) may be read
+    back after it by every process (the frames of a GIF): the statement of the setup's block
+    that first reads from disk after them waits for the main process to have written them. A
+    read that only some processes reach, or in the same statement as a write, is left alone."""
+    setup = plan.setup
+    at = setup.prepare_at if setup is not None else None
+    if at is None or not written:
+        return
+    a = plan.analysis
+    timeline = setup.timeline  # type: ignore[union-attr]
+    tops = {
+        id(t)
+        for c in written
+        for n in timeline.anchors(c) or ()
+        if (t := timeline.top_in(at.block, n))
+    }
+    first = min(a.line(c) for c in written)
+    for call, _scope in plan.training_calls():
+        name = a.names.last_part(call.func)
+        if name not in _DISK_READERS or not a.names.from_package(call.func, *_DISK_READERS[name]):
+            continue
+        anchors = timeline.anchors(call) or ()
+        top = next((t for n in anchors if (t := timeline.top_in(at.block, n))), None)
+        if top is None or id(top) in tops or a.line(top) < first:
+            continue
+        if timeline.index(at.block, top) <= at.index or not rank_safe(plan, top):
+            continue
+        accelerator = plan.accelerator(call, optional=True)
+        if accelerator is None:
+            continue
+        wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")
+        plan.edits.insert_before(top, wait)
+        plan.changed(
+            call,
+            "waits for the files the main process wrote while training, before reading them back",
+        )
+        return
 
 
 def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]]:
