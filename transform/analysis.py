@@ -827,7 +827,7 @@ def optimized_models(
     if not reader.read(first.value, 0):
         return None
     if partly is not None:
-        partly |= reader.partly
+        partly |= reader.partly - reader.whole  # ``m.fc`` in one group, all of ``m`` in another
     return reader.found
 
 
@@ -838,6 +838,7 @@ class _ParameterReader:
         self.a, self.scope = a, scope
         self.found: set[str] = set()
         self.partly: set[str] = set()
+        self.whole: set[str] = set()
 
     def read(self, expr: cst.CSTNode, depth: int) -> bool:
         """Add the modules ``expr`` takes parameters from; False when part of it is unreadable."""
@@ -879,8 +880,7 @@ class _ParameterReader:
         if key is None:
             return False
         self.found.add(key)
-        if not whole:
-            self.partly.add(key)
+        (self.whole if whole else self.partly).add(key)
         return True
 
 

@@ -131,7 +131,10 @@ def _cut_in(a: Analysis, cls: str, seen: set[str]) -> cst.CSTNode | None:
     if cls in seen or cls not in a.methods:
         return None
     seen.add(cls)
-    for method in a.methods[cls].values():
+    called = _called_after_construction(a)
+    for name, method in a.methods[cls].items():
+        if name not in called:
+            continue  # construction only (``initialize_weights``): no graph to cut yet
         for node in nodes(method.node, cst.Attribute):
             if _detaches(a, node):
                 return node
@@ -141,6 +144,16 @@ def _cut_in(a: Analysis, cls: str, seen: set[str]) -> cst.CSTNode | None:
         if built is not None and (inner := _cut_in(a, built[1], seen)) is not None:
             return inner
     return None
+
+
+def _called_after_construction(a: Analysis) -> set[str]:
+    """Method names that may run on a built module: ``forward``, and every name called as a
+    method anywhere in the file outside an ``__init__`` (``self.encode(x)``, ``model.generate``)."""
+    called = {"forward", "__call__"}
+    for call, scope in a.calls:
+        if scope.name != "__init__" and isinstance(call.func, cst.Attribute):
+            called.add(call.func.attr.value)
+    return called
 
 
 def _detaches(a: Analysis, node: cst.Attribute) -> bool:
