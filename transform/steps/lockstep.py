@@ -78,6 +78,8 @@ class Values:
     _statements: dict[int, list[cst.CSTNode]]  # scope -> its assignments, loops and calls
     # (owner, key) -> what makes the value differ between processes
     taint: dict[tuple[int, str], str] = field(default_factory=dict)
+    # (owner, key) -> the first line of its own function that makes it differ (0: elsewhere)
+    first: dict[tuple[int, str], int] = field(default_factory=dict)
     _loop_bound: dict[int, set[str]] = field(default_factory=dict)
     deps: dict[tuple[int, int], _Deps] = field(default_factory=dict)  # (scope, expression)
     leaving: dict[int, list[cst.CSTNode]] = field(default_factory=dict)  # loop -> its exits
@@ -345,11 +347,13 @@ def _spread(a: Analysis, setup: Setup, scopes: list[Scope], v: Values) -> Values
 
 
 def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
-    def mark(owner: Scope, key: str, why: str) -> None:
+    def mark(owner: Scope, key: str, why: str, node: cst.CSTNode | None = None) -> None:
         # A model or an optimizer is one object, not a value; a loader carries its data's. A
         # reason that changes sizes replaces one that changes values only (a list filled with
         # random draws, found later to be filled a random number of times).
         place = (a.owner(owner, key), key)
+        line = a.line(node) if node is not None and owner is scope else 0
+        v.first[place] = min(v.first.get(place, line), line)
         news = place not in v.taint or why not in _VALUES_ONLY
         if news and not _sized_apart(v, place) and a.role(owner, key) in (None, Role.DATALOADER):
             v.taint[place] = why
@@ -368,13 +372,13 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
             keys = [key for target in targets for key in target_names(target)]
             if all(_sized_apart(v, (a.owner(scope, key), key)) for key in keys):
                 continue  # already known to differ in size: nothing more to learn here
-            why = _reads(a, scope, node.value, v) or under(node)
+            why = _reads(a, scope, node.value, v, _once_at(a, scope, node)) or under(node)
             if why is not None:
                 for key in keys:
-                    mark(scope, key, why)
+                    mark(scope, key, why, node)
         elif isinstance(node, cst.For):
             for key, why in _loop_targets(a, scope, node, v, loaders):
-                mark(scope, key, why)
+                mark(scope, key, why, node)
         elif isinstance(node, cst.Call) and callee_name(node) in _MUTATORS:
             receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
             key = key_of(receiver) if receiver is not None else None
@@ -385,7 +389,7 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
                 (w for arg in node.args if (w := _reads(a, scope, arg.value, v))), None
             )
             if why is not None:
-                mark(scope, key, why)
+                mark(scope, key, why, node)
         elif isinstance(node, cst.Call):
             callee = a.callee(node)
             assert callee is not None  # _statements keeps only same-file calls and mutators
@@ -523,9 +527,18 @@ class _Deps:
     calls: tuple[Scope, ...]  # same-file functions whose results it reads
 
 
-def _reads(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> str | None:
-    """What makes ``expr`` differ between processes, or None when it is equal on all."""
-    return _evaluate(a, scope, _deps(a, scope, expr, v), v, set())
+def _reads(
+    a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values, once_at: int | None = None
+) -> str | None:
+    """What makes ``expr`` differ between processes, or None when it is equal on all.
+    ``once_at``: the line of a statement its function runs once per call, outside any loop,
+    which a local name made to differ only by later lines of that function cannot reach."""
+    return _evaluate(a, scope, _deps(a, scope, expr, v), v, set(), once_at=once_at)
+
+
+def _once_at(a: Analysis, scope: Scope, node: cst.CSTNode) -> int | None:
+    """``node``'s line when no loop of its function runs it more than once, else None."""
+    return None if a.enclosing(node, (cst.For, cst.While)) is not None else a.line(node)
 
 
 def _deps(a: Analysis, scope: Scope, expr: cst.CSTNode, v: Values) -> _Deps:
@@ -591,13 +604,21 @@ def _collect(
         _collect(a, scope, child, v, out, sized=sized)
 
 
-def _evaluate(a: Analysis, scope: Scope, deps: _Deps, v: Values, seen: set[int]) -> str | None:
+def _evaluate(
+    a: Analysis,
+    scope: Scope,
+    deps: _Deps,
+    v: Values,
+    seen: set[int],
+    *,
+    once_at: int | None = None,
+) -> str | None:
     for key in deps.names:
-        found = _tainted(a, scope, key, v)
+        found = _tainted(a, scope, key, v, once_at)
         if found is not None:
             return found
     for key in deps.sized:
-        found = _tainted(a, scope, key, v)
+        found = _tainted(a, scope, key, v, once_at)
         if found not in _VALUES_ONLY:
             return found
     for place in deps.attributes:
@@ -616,8 +637,13 @@ def _evaluate(a: Analysis, scope: Scope, deps: _Deps, v: Values, seen: set[int])
     return None
 
 
-def _tainted(a: Analysis, scope: Scope, key: str, v: Values) -> str | None:
-    found = v.taint.get((a.owner(scope, key), key))
+def _tainted(
+    a: Analysis, scope: Scope, key: str, v: Values, once_at: int | None = None
+) -> str | None:
+    place = (a.owner(scope, key), key)
+    if once_at is not None and place[0] == id(scope.node) and v.first.get(place, 0) > once_at:
+        return None  # made to differ only further down, where this line does not come back
+    found = v.taint.get(place)
     if found is None and a.reads_global(scope, key) and key not in v.loop_bound(scope):
         found = v.taint.get((a.owner(a.scopes[0], key), key))
     return found
