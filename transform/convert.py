@@ -336,6 +336,16 @@ def _explain_no_setup(plan: Plan) -> None:
     plan.needs_human(call, f"left unchanged: {why}", OBJECTS_NOT_FOLLOWED)
 
 
+def _module_imported(a: Analysis, call: cst.Call) -> bool:
+    """``train.train(...)`` after ``import train``: a module's function, which project mode
+    does not join (it joins ``from train import train``)."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+        return False
+    statement = a.names.statements.get(func.value.value)
+    return isinstance(statement, cst.Import)
+
+
 def _explain_hidden_step(plan: Plan) -> None:
     """No ``.backward()`` in the file, but a loop hands an optimizer to a call this file does not
     show (timm's ``loss_scaler(loss, optimizer, ...)``), or a class extends another package's
@@ -375,13 +385,19 @@ def _explain_hidden_step(plan: Plan) -> None:
             )
             return
         if launcher and handed:  # nothing here for the linter: the step is in the other file
+            advice = (
+                "give it this file with the one that trains (both paths, or their folder) to "
+                "convert them together"
+                if not _module_imported(a, call)
+                else "the files of one program are converted together where the script imports "
+                "the training function itself (from module import function), not the module: "
+                "convert by hand, or import it that way"
+            )
             plan.info(
                 call,
                 f"left unchanged: training runs inside {func}(...), which this file does not "
                 f"show, on the {', '.join(handed)} built here; accel-convert converts a setup "
-                "where one file shows both its objects and its training step: give it this "
-                "file with the one that trains (both paths, or their folder) to convert them "
-                "together",
+                f"where one file shows both its objects and its training step: {advice}",
                 TRAINING_ELSEWHERE,
             )
             return
