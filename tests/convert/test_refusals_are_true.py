@@ -289,3 +289,29 @@ def test_an_unseeded_split_is_drawn_apart_on_each_process(
     splits = {f.stem[-1]: f.read_text() for f in tmp_path.glob("split-*.txt")}
     assert set(splits) == {"0", "1"}
     assert (splits["0"] != splits["1"]) is apart
+
+
+LR_PROBE = """
+with open("lr.txt", "w") as _f:
+    _f.write(repr(optimizer.param_groups[0]["lr"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_scheduler_attribute_set_after_prepare_stays_on_the_wrapper(tmp_path: Path) -> None:
+    """The refusal of scheduler_epoch_set_after_prepare holds: converted anyway, the resumed
+    ``last_epoch`` lands on the prepared scheduler's wrapper, and the schedule differs from the
+    original's even on one process."""
+    source = (SOUND / "scheduler_epoch_set_after_prepare.in.py").read_text()
+    assert not convert(source).changed
+    rates = []
+    for code in (source, _without("uses", source)):
+        (tmp_path / "train.py").write_text(code + LR_PROBE)
+        result = subprocess.run(
+            [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True,
+            timeout=240, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        rates.append(float((tmp_path / "lr.txt").read_text()))
+    original, converted = rates
+    assert original != converted

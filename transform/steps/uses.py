@@ -287,6 +287,12 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     parent = a.parent(node)
     key = use.key
     if isinstance(parent, cst.Attribute) and parent.value is node:
+        if _set_on_a_wrapper(a, use, parent):
+            return parent, (
+                f"{a.module.code_for_node(parent)} is set on the prepared {_noun(use.role)}, a "
+                f"wrapper whose attributes read through to the {_noun(use.role)} it wraps but "
+                "are not written through: set it before prepare(), or convert by hand"
+            )
         return None  # methods and attributes: the unwrap step sends the wrapper's to the module
     if isinstance(parent, cst.Call) and parent.func is node:
         if use.bare and in_training_step(a, node):
@@ -332,6 +338,17 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     ):
         return None
     return node, f"{key} is used here in a way accel-convert does not follow"
+
+
+def _set_on_a_wrapper(a: Analysis, use: _Use, attribute: cst.Attribute) -> bool:
+    """``scheduler.last_epoch = n`` after prepare(): the prepared scheduler or optimizer is a
+    wrapper that reads unknown attributes through, so the write stays on the wrapper."""
+    if use.bare or use.role not in (Role.SCHEDULER, Role.OPTIMIZER):
+        return False
+    parent = a.parent(attribute)
+    return (isinstance(parent, cst.AssignTarget) and parent.target is attribute) or (
+        isinstance(parent, cst.AugAssign) and parent.target is attribute
+    )
 
 
 def _result_unused(a: Analysis, function: Scope) -> bool:
