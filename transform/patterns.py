@@ -389,3 +389,16 @@ def asks_availability(
         value = name(expr)
         return value is not None and asks_availability(value, name)
     return False
+
+
+def runs_as_script(branch: cst.CSTNode) -> bool:
+    """``if __name__ == "__main__":``, which every launched process runs."""
+    if not isinstance(branch, cst.If) or not isinstance(test := branch.test, cst.Comparison):
+        return False
+    right = test.comparisons[0].comparator if len(test.comparisons) == 1 else None
+    return (
+        isinstance(test.left, cst.Name)
+        and test.left.value == "__name__"
+        and isinstance(right, cst.SimpleString)
+        and right.evaluated_value == "__main__"
+    )

@@ -18,7 +18,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, returns
 from accelify.transform.neighbours import process_group_readers
-from accelify.transform.patterns import placeholder_of, returned_shards
+from accelify.transform.patterns import placeholder_of, returned_shards, runs_as_script
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCUMULATION, DDP_RANK, DDP_SAMPLER
 from accelify.transform.setup import Refused, origins
@@ -330,24 +330,11 @@ def _is_wait(statement: cst.BaseStatement) -> bool:
     )
 
 
-def _runs_as_script(branch: cst.CSTNode) -> bool:
-    """``if __name__ == "__main__":``, which every launched process runs."""
-    if not isinstance(branch, cst.If) or not isinstance(test := branch.test, cst.Comparison):
-        return False
-    right = test.comparisons[0].comparator if len(test.comparisons) == 1 else None
-    return (
-        isinstance(test.left, cst.Name)
-        and test.left.value == "__name__"
-        and isinstance(right, cst.SimpleString)
-        and right.evaluated_value == "__main__"
-    )
-
-
 def _conditional(a: Analysis, node: cst.CSTNode, seen: set[int]) -> bool:
     """Whether ``node`` runs under an ``if`` (in its function, or at a call of the function)."""
     current = a.parent(node)
     while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
-        if isinstance(current, cst.If | cst.IfExp | cst.While) and not _runs_as_script(current):
+        if isinstance(current, cst.If | cst.IfExp | cst.While) and not runs_as_script(current):
             return True
         current = a.parent(current)
     scope = a.scope_of.get(id(node))

@@ -25,7 +25,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
 from accelify.transform.distributed.context import Rewrite
-from accelify.transform.patterns import dotted_name, placeholder
+from accelify.transform.patterns import dotted_name, placeholder, runs_as_script
 from accelify.transform.refusals import DDP_WRAPPER
 from accelify.transform.walk import nodes
 
@@ -141,7 +141,7 @@ def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tu
     a = r.analysis
     block = a.parent(line) if line is not None else None
     branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not isinstance(branch, cst.If) or branch.orelse is not None:
+    if not isinstance(branch, cst.If) or branch.orelse is not None or runs_as_script(branch):
         raise r.refuse(
             call,
             DDP_WRAPPER,
