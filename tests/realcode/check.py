@@ -46,6 +46,11 @@ FIRST_SIGHT_PLAIN_2 = HERE / "first_sight_plain_2.csv"
 # pytorch/tutorials' beginner and intermediate sources), at d1908e0, reviewed by three helpers
 # with one verdict corrected in review: 43 files.
 FIRST_SIGHT_PLAIN_3 = HERE / "first_sight_plain_3.csv"
+# Eight more (graykode's nlp-tutorial, zhangxiann's PyTorch_Practice, dlwpt-code,
+# pytorch-cifar100, mixup-cifar10, cnn-text-classification-pytorch, bearpaw's
+# pytorch-classification, TingsongYu's PyTorch_Tutorial), at d24115f, reviewed by three
+# helpers: 54 files.
+FIRST_SIGHT_PLAIN_4 = HERE / "first_sight_plain_4.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -53,6 +58,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN,
     FIRST_SIGHT_PLAIN_2,
     FIRST_SIGHT_PLAIN_3,
+    FIRST_SIGHT_PLAIN_4,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
