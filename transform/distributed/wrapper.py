@@ -64,6 +64,8 @@ def unwrap_ddp(r: Rewrite) -> None:
             continue
         model = _options(r, call) if wrapper == WRAPPERS[0] else _data_parallel(r, call)
         parent = a.parent(call)
+        if wrapper == WRAPPERS[1]:  # ``model = nn.DataParallel(model).cuda()`` assigns it too
+            parent = _assigning(a, call) or parent
         line = a.parent(parent) if isinstance(parent, cst.Assign) else None
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
         if target is not None and key_of(target) is not None:
@@ -74,13 +76,18 @@ def unwrap_ddp(r: Rewrite) -> None:
                 raise r.refuse(
                     call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name"
                 )
-            if not whole:
+            moved = unwrap_moves(parent.value) is not parent.value  # type: ignore[union-attr]
+            if moved:  # ``model = model.cuda()`` stays: the script's device choice
+                r.edits.replace(call, lambda _node, m=model: m)
+            elif not whole:
                 r.remove(line)
             elif not r.edits.is_removed(branch):
                 r.remove(branch)
             test = a.module.code_for_node(branch.test)
             what = (
-                f"with the `if {test}:` around it, which only wrapped or printed"
+                f"from the `if {test}:`, whose move of the model stays"
+                if moved
+                else f"with the `if {test}:` around it, which only wrapped or printed"
                 if whole
                 else f"from the `if {test}:`, whose cuDNN flags stay"
             )
@@ -113,6 +120,15 @@ def unwrap_ddp(r: Rewrite) -> None:
             either or attribute,
             lambda _node, m=attribute.value: cst.Call(placeholder("unwrap_model"), [cst.Arg(m)]),  # type: ignore[attr-defined]
         )
+
+
+def _assigning(a: Analysis, call: cst.Call) -> cst.Assign | None:
+    """The one-target assignment whose value is ``call``, moved or not (``.cuda()``)."""
+    statement = a.statement_of(call)
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        return small if unwrap_moves(small.value) is call else None
+    return None
 
 
 def _data_parallel(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
@@ -224,7 +240,8 @@ def _about_the_gpus(a: Analysis, statement: cst.BaseStatement) -> bool:
     if not isinstance(value, cst.Call):
         return False
     if isinstance(small, cst.Assign):
-        return wrapper_of(a, value) == WRAPPERS[1]
+        wrapped = unwrap_moves(value)
+        return isinstance(wrapped, cst.Call) and wrapper_of(a, wrapped) == WRAPPERS[1]
     return isinstance(value.func, cst.Name) and value.func.value == "print"
 
 
