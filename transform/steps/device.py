@@ -119,6 +119,10 @@ def _read_global(plan: Plan, binding: Binding) -> None:
 
 
 def _from_process_state(plan: Plan, binding: Binding, readers: list[str]) -> None:
+    """``DEVICE = PartialState().device`` in place of the module's one plain choice: made at
+    import, before the setup function creates the accelerator, which then shares that state.
+    The accelerator's ``cpu=`` must be known by then (a constant), as HF settles the state at
+    its first making."""
     a = plan.analysis
     read_by = ", ".join(readers)
     where = f"{binding.key} is chosen at module level and read by {read_by}"
