@@ -18,7 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Binding, key_of, mentions, names_in
-from accelify.transform.patterns import Role, is_device, pins_visible_devices
+from accelify.transform.patterns import Role, is_device, pins_visible_devices, runs_as_script
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCELERATOR_UNREACHABLE, BUILT_IN_LOOP, HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused
@@ -129,7 +129,7 @@ def _from_process_state(plan: Plan, binding: Binding, readers: list[str]) -> Non
     statement = a.statement_of(binding.node)
     declared = {n.name.value for g in nodes(a.module, cst.Global) for n in g.names}  # type: ignore[attr-defined]
     alone = (
-        isinstance(a.parent(statement), cst.Module)
+        _top_level(a, statement)
         and binding.key not in declared
         and not any(
             other is not binding and other.key == binding.key and other.scope is a.scopes[0]
@@ -165,6 +165,16 @@ def _from_process_state(plan: Plan, binding: Binding, readers: list[str]) -> Non
         f"{binding.key} = {code}: the process state, made here, gives {read_by} "
         "this process's device before the accelerator exists, and the accelerator shares it",
     )
+
+
+def _top_level(a: Analysis, statement: cst.CSTNode) -> bool:
+    """A statement of the module's body, or of its ``if __name__ == "__main__":`` block (which
+    runs before anything there calls the functions that read the device)."""
+    block = a.parent(statement)
+    if isinstance(block, cst.Module):
+        return True
+    branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    return runs_as_script(branch) and isinstance(a.parent(branch), cst.Module)  # type: ignore[arg-type]
 
 
 def _one_device(plan: Plan, bindings: list[Binding]) -> None:
