@@ -112,6 +112,8 @@ DISK_WRITERS = {
     "mkdir": ("os",),
 }
 DISK_WRITER_METHODS = frozenset({"savefig", "to_csv"})
+# A logger's methods: what they are handed is only shown.
+LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "log", "exception"})
 
 
 _DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})

@@ -25,7 +25,7 @@ import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
 from accelify.transform.distributed.context import Rewrite
-from accelify.transform.patterns import dotted_name, placeholder, runs_as_script
+from accelify.transform.patterns import LOG_METHODS, dotted_name, placeholder, runs_as_script
 from accelify.transform.refusals import DDP_WRAPPER
 from accelify.transform.walk import nodes
 
@@ -210,14 +210,11 @@ def _gpu_count_read(a: Analysis) -> cst.Call | None:
 
 
 def _shows(call: cst.Call) -> bool:
-    """``print(...)`` or a logger's ``.info(...)``/``.debug(...)``/``.warning(...)``."""
+    """``print(...)`` or a logger's method (``.info(...)``, ``.warning(...)``)."""
     func = call.func
     if isinstance(func, cst.Name):
         return func.value == "print"
-    return isinstance(func, cst.Attribute) and func.attr.value in _LOGS
-
-
-_LOGS = frozenset({"debug", "info", "warning", "warn", "error", "log"})
+    return isinstance(func, cst.Attribute) and func.attr.value in LOG_METHODS
 
 
 def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:

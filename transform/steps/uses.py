@@ -22,6 +22,7 @@ import libcst as cst
 from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes, names_in
 from accelify.transform.neighbours import uses_only
 from accelify.transform.patterns import (
+    LOG_METHODS,
     PREFIX,
     Role,
     callee_name,
@@ -40,7 +41,6 @@ READERS = frozenset(
     {"print", "len", "str", "repr", "format", "isinstance", "type", "id", "hasattr", "callable"}
 )
 # Logging methods (``logger.info(model)``): they format what they are handed.
-_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "log", "exception"})
 # Calls that walk a loader (or its batches) and keep nothing of it.
 _LOADER_READERS = frozenset({"enumerate", "iter", "next", "zip", "tqdm", "trange", "cycle", "list"})
 # What may be handed the bare module before prepare(): they read its parameters (timm's weight
@@ -406,7 +406,7 @@ def _handed(a: Analysis, setup: Setup, use: _Use, arg: cst.Arg) -> tuple[cst.CST
         return None  # ``train = DataLoader(train, ...)``: the name held the dataset until here
     if _stepped_by_loss_scaler(a, use, call, arg) or _helper_reads(a, use, call, arg, setup):
         return None
-    if last in READERS or (isinstance(call.func, cst.Attribute) and last in _LOG_METHODS):
+    if last in READERS or (isinstance(call.func, cst.Attribute) and last in LOG_METHODS):
         return None
     if use.role is Role.DATALOADER and (last in _LOADER_READERS or id(call) in a.through):
         return None
