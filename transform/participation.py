@@ -120,18 +120,18 @@ def cut_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
     file's model classes it builds in (``torch.cat((x, h.cpu().data))``): what feeds the cut
     value trains no further, so layers that only feed it may get no gradient."""
     found: dict[str, cst.CSTNode] = {}
+    called = _called_after_construction(a)
     for model, cls in built_models(a, setup):
-        cut = _cut_in(a, cls, set())
+        cut = _cut_in(a, cls, called, set())
         if cut is not None:
             found[model] = cut
     return found
 
 
-def _cut_in(a: Analysis, cls: str, seen: set[str]) -> cst.CSTNode | None:
+def _cut_in(a: Analysis, cls: str, called: set[str], seen: set[str]) -> cst.CSTNode | None:
     if cls in seen or cls not in a.methods:
         return None
     seen.add(cls)
-    called = _called_after_construction(a)
     for name, method in a.methods[cls].items():
         if name not in called:
             continue  # construction only (``initialize_weights``): no graph to cut yet
@@ -141,7 +141,7 @@ def _cut_in(a: Analysis, cls: str, seen: set[str]) -> cst.CSTNode | None:
     init = a.methods[cls].get("__init__")
     for stmt in init.body if init is not None else ():
         built = _built_submodule(a, stmt)
-        if built is not None and (inner := _cut_in(a, built[1], seen)) is not None:
+        if built is not None and (inner := _cut_in(a, built[1], called, seen)) is not None:
             return inner
     return None
 
