@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from runner import BIN, _free_port, clean_env
+from runner import BIN, _free_port, clean_env, transient
 
 from accelify.transform.convert import Options, convert
 
@@ -234,20 +234,14 @@ def run(source: str, command: list[str], timeout: float = 300) -> Outcome:
         return Outcome(done.returncode, (done.stdout + done.stderr)[-3000:], result)
 
 
-# What a rank prints when gloo's teardown aborts it (SIGABRT) as the other rank's process group
-# goes away: torch's race at the end of a hand-written script (one CI run of this oracle hit it).
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-# Runs of the original after gloo's teardown aborted it: on a busy 2-core machine 1 run in 10
-# to 25 aborts under torchrun (1 of 9, 1 of 25; the conversion under accel-run: 0 of 25), so two
-# tries failed a clean-clone CI run once.
+# Runs of the original after a transient failure (runner.transient): two tries failed a
+# clean-clone CI run once.
 _ORIGINAL_TRIES = 5
 
 
 def original(source: str, choice: dict[str, str]) -> Outcome:
-    """The hand-written script's own run; one that only aborted in gloo's teardown runs again
-    (the question is what it trains, and the conversion's run gets no such second chance)."""
+    """The hand-written script's own run; one that failed for the machine runs again (the
+    question is what it trains, and the conversion's run gets no such second chance)."""
     for _attempt in range(_ORIGINAL_TRIES):
         if spawns(choice):
             outcome = run(source, [sys.executable])
@@ -255,7 +249,7 @@ def original(source: str, choice: dict[str, str]) -> Outcome:
             port = str(_free_port())
             torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", port]
             outcome = run(source, torchrun)
-        if outcome.code == 0 or TEARDOWN_ABORT not in outcome.output:
+        if not transient(outcome.code, outcome.output):
             break
     return outcome
 

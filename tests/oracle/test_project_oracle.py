@@ -6,7 +6,6 @@ A program that distributes itself runs under torchrun against its conversion und
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,17 +15,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ddp_programs import TEARDOWN_ABORT
 from runner import (
     BIN,
     PROBE,
     Run,
     Zygote,
+    _free_port,
     _load,
     _sharding,
     _subprocess,
     clean_env,
     compare,
+    transient,
     two_rank_verdict,
 )
 
@@ -80,12 +80,13 @@ def zygote() -> Iterator[Zygote]:
 
 
 def _torchrun(program: Path, where: Path) -> Run:
-    """A hand-written DDP original on two processes; one that only aborted in gloo's teardown
-    runs again (the question is what it trains)."""
+    """A hand-written DDP original on two processes; one that failed for the machine runs
+    again (the question is what it trains)."""
     for attempt in range(3):
-        torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", _port()]
+        port = str(_free_port())
+        torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", port]
         run = _run(program, where / str(attempt), torchrun)
-        if run.code == 0 or TEARDOWN_ABORT not in run.stderr:
+        if not transient(run.code, run.stderr):
             break
     return run
 
@@ -93,12 +94,6 @@ def _torchrun(program: Path, where: Path) -> Run:
 def _evaluated(record: dict) -> list[tuple[int, int, int]]:
     """The samples a rank fetched from datasets other than the training set."""
     return [fetch for fetch in record["fetches"] if fetch[0] != TRAIN_SIZE]
-
-
-def _port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def _convert(program: Path, into: Path, target: str) -> Path:
