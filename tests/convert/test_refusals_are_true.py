@@ -2,7 +2,8 @@
 
 For each refused case under fixtures/convert/sound, the conversion is made again without the
 step that refused it (what accel-convert wrote before that step existed), and run on two CPU
-processes under accel-run. What the refusal said must happen: the replicas drift apart (the step
+processes forked by the oracle's zygote with the variables accel-run --cpu gives its workers (a
+launch per run would import torch three times over). What the refusal said must happen: the replicas drift apart (the step
 trained a bare module; the runtime's replica check stops such a run), or the run fails in the
 gradient all-reduce (a process left it, or DDP waited for a gradient that never came). The cases
 the steps let through run on two processes with equal replicas.
@@ -10,12 +11,11 @@ the steps let through run on two processes with equal replicas.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,9 @@ import accelify.transform.convert as convert_module
 from accelify.transform.convert import convert
 
 from .conftest import CASES_DIR
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oracle"))
+from runner import Zygote  # tests/oracle is scripts, not a package
 
 pytest.importorskip("torch")
 
@@ -38,12 +41,6 @@ import os as _os, random as _random
 import torch as _torch
 _random.seed(int(_os.environ.get("RANK", "0")))
 _torch.manual_seed(int(_os.environ.get("RANK", "0")))
-"""
-# Put before a run that is to break: a rank that ends while another still trains leaves at once
-# (it waits 30 s by default for the others to end too), so the other's all-reduce fails now.
-LEAVE_AT_ONCE = """\
-import accelify.runtime.state as _state
-_state.EXIT_WAIT_S = 0.5
 """
 # Written by every rank at the end: the sum of its model's weights, in full precision.
 PROBE = """
@@ -65,8 +62,17 @@ def _without(step_name: str, source: str) -> str:
         convert_module.STEPS[:] = original
 
 
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    """The oracle's fork server: two ranks with torch elastic's variables, forked from a process
+    that imported torch once (a fresh accel-run launch imports it three times per run)."""
+    forks = Zygote()
+    yield forks
+    forks.close()
+
+
 def _run_two(
-    code: str, model: str, tmp_path: Path, *, breaks: bool = False
+    zygote: Zygote, code: str, model: str, tmp_path: Path
 ) -> subprocess.CompletedProcess[str]:
     for old in tmp_path.glob("weights-*.txt"):
         old.unlink()
@@ -78,41 +84,12 @@ def _run_two(
         code = code[: end.start()] + indented + code[end.start() :]
     else:
         code += probe
-    script.write_text(SEED_BY_RANK + (LEAVE_AT_ONCE if breaks else "") + code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK"))}
-    command = [str(BIN / "accel-run"), "--cpu", "--num-processes", "2", str(script)]
-    # Output goes to files: a worker that outlived its agent would hold a pipe open forever.
-    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
-        process = subprocess.Popen(
-            command, cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True
-        )
-        try:
-            code = process.wait(timeout=HANG)
-            hung = ""
-        except subprocess.TimeoutExpired:  # a process waits for another in the all-reduce
-            _stop(process, script)
-            code, hung = -signal.SIGKILL, "\n(hung)"
-    out_text, err_text = ((tmp_path / f).read_text() for f in ("out.txt", "err.txt"))
-    return subprocess.CompletedProcess(command, code, out_text, err_text + hung)
-
-
-def _stop(process: subprocess.Popen, script: Path) -> None:
-    """End a hung run and its workers. SIGTERM first: the elastic agent then stops the workers
-    it started in sessions of their own, which a SIGKILL of its group would leave running."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    for proc in Path("/proc").iterdir():  # any worker still running this script
-        try:
-            running = str(script) in (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if running and proc.name.isdigit():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(proc.name), signal.SIGKILL)
+    script.write_text(SEED_BY_RANK + code)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    run = zygote.run(script, tmp_path, out, HANG, ranks=2)
+    hung = "\n(hung)" if run.timed_out else ""  # a process waits for another in the all-reduce
+    return subprocess.CompletedProcess([str(script)], run.code, run.stdout, run.stderr + hung)
 
 
 def _weights(result: subprocess.CompletedProcess[str]) -> dict[str, float]:
@@ -140,11 +117,11 @@ FAILS_IN_ALL_REDUCE = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(DRIFTS))
-def test_refused_use_would_let_replicas_drift(case: str, tmp_path: Path) -> None:
+def test_refused_use_would_let_replicas_drift(case: str, tmp_path: Path, zygote: Zygote) -> None:
     source = (SOUND / f"{case}.in.py").read_text()
     assert not convert(source).changed  # refused today
     step, model = DRIFTS[case]
-    result = _run_two(_without(step, source), model, tmp_path)
+    result = _run_two(zygote, _without(step, source), model, tmp_path)
     _assert_drifted(result)  # the bare module trained apart on each process
 
 
@@ -161,11 +138,13 @@ def _assert_drifted(result: subprocess.CompletedProcess[str]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAILS_IN_ALL_REDUCE))
-def test_refused_control_flow_would_break_the_all_reduce(case: str, tmp_path: Path) -> None:
+def test_refused_control_flow_would_break_the_all_reduce(
+    case: str, tmp_path: Path, zygote: Zygote
+) -> None:
     source = (SOUND / f"{case}.in.py").read_text()
     assert not convert(source).changed
     step, model = FAILS_IN_ALL_REDUCE[case]
-    result = _run_two(_without(step, source), model, tmp_path, breaks=True)
+    result = _run_two(zygote, _without(step, source), model, tmp_path)
     weights = _weights(result)
     # One process left the training loop first: the run fails in the all-reduce, or it hangs
     # with one rank done and the other still in it, or (had it finished) the replicas differ.
@@ -187,18 +166,20 @@ def test_refused_control_flow_would_break_the_all_reduce(case: str, tmp_path: Pa
         "feature_cut_off_the_graph",
     ],
 )
-def test_parameters_without_gradients_need_unused_parameters(case: str, tmp_path: Path) -> None:
+def test_parameters_without_gradients_need_unused_parameters(
+    case: str, tmp_path: Path, zygote: Zygote
+) -> None:
     source = (SOUND / f"{case}.in.py").read_text()
     code = convert(source).code
     assert "find_unused_parameters=True" in code
-    kept = _run_two(code, "model", tmp_path)
+    kept = _run_two(zygote, code, "model", tmp_path)
     assert kept.returncode == 0, kept.stderr[-2000:]
     weights = _weights(kept)
     assert weights["0"] == weights["1"]
     without = code.replace(
         "kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],", ""
     )
-    failed = _run_two(without, "model", tmp_path, breaks=True)
+    failed = _run_two(zygote, without, "model", tmp_path)
     assert failed.returncode != 0
     assert "Expected to have finished reduction" in failed.stderr
 
@@ -215,10 +196,12 @@ def test_parameters_without_gradients_need_unused_parameters(case: str, tmp_path
         ("report/split_written_then_read", "model"),  # reads train.csv once rank 0 wrote it
     ],
 )
-def test_accepted_cases_keep_replicas_equal(case: str, model: str, tmp_path: Path) -> None:
+def test_accepted_cases_keep_replicas_equal(
+    case: str, model: str, tmp_path: Path, zygote: Zygote
+) -> None:
     code = convert((CASES_DIR / f"{case}.in.py").read_text()).code
     assert "accelerator.prepare(" in code
-    result = _run_two(code, model, tmp_path)
+    result = _run_two(zygote, code, model, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     weights = _weights(result)
     assert set(weights) == {"0", "1"} and weights["0"] == weights["1"]
@@ -257,7 +240,9 @@ def test_target_accelerate_reads_the_rank_with_the_accelerators_cpu_choice(tmp_p
 
 
 @pytest.mark.slow
-def test_refused_second_backward_would_let_replicas_drift(tmp_path: Path, monkeypatch) -> None:
+def test_refused_second_backward_would_let_replicas_drift(
+    tmp_path: Path, monkeypatch, zygote: Zygote
+) -> None:
     """Two backwards through one forward: without the refusal, the second pass's gradients are
     not averaged and the replicas part."""
     import accelify.transform.setup as setup_module
@@ -266,7 +251,7 @@ def test_refused_second_backward_would_let_replicas_drift(tmp_path: Path, monkey
     source = source.replace("torch.randn(8, 2)", "torch.randn(64, 2)")  # a few steps per rank
     assert not convert(source).changed
     monkeypatch.setattr(setup_module, "_refuse_second_backward", lambda a, setup: None)
-    _assert_drifted(_run_two(convert(source).code, "model", tmp_path))
+    _assert_drifted(_run_two(zygote, convert(source).code, "model", tmp_path))
 
 
 SPLIT_PROBE = """
@@ -278,13 +263,13 @@ with open(f"split-{_os.environ.get('RANK', '0')}.txt", "w") as _f:
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "apart"), [("split_unseeded", True), ("split_seeded", False)])
 def test_an_unseeded_split_is_drawn_apart_on_each_process(
-    case: str, apart: bool, tmp_path: Path
+    case: str, apart: bool, tmp_path: Path, zygote: Zygote
 ) -> None:
     """The refusal of split_unseeded holds: converted anyway, its two processes split the data
     differently (each from its own random stream), while the seeded split is the same on both."""
     source = (SOUND / f"{case}.in.py").read_text()
     assert convert(source).changed is not apart  # refused today exactly when drawn apart
-    result = _run_two(_without("lockstep", source) + SPLIT_PROBE, "model", tmp_path)
+    result = _run_two(zygote, _without("lockstep", source) + SPLIT_PROBE, "model", tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     splits = {f.stem[-1]: f.read_text() for f in tmp_path.glob("split-*.txt")}
     assert set(splits) == {"0", "1"}
