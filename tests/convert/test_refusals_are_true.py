@@ -3,10 +3,11 @@
 For each refused case under fixtures/convert/sound, the conversion is made again without the
 step that refused it (what accel-convert wrote before that step existed), and run on two CPU
 processes forked by the oracle's zygote with the variables accel-run --cpu gives its workers (a
-launch per run would import torch three times over). What the refusal said must happen: the replicas drift apart (the step
-trained a bare module; the runtime's replica check stops such a run), or the run fails in the
-gradient all-reduce (a process left it, or DDP waited for a gradient that never came). The cases
-the steps let through run on two processes with equal replicas.
+launch per run would import torch three times over). What the refusal said must happen: the
+replicas drift apart (the step trained a bare module; the runtime's replica check stops such a
+run), or the run fails in the gradient all-reduce (a process left it, or DDP waited for a
+gradient that never came). The cases the steps let through run on two processes with equal
+replicas.
 """
 
 from __future__ import annotations
