@@ -961,6 +961,21 @@ WRAP: dict[str, Idiom] = {
             *(f"    {m} = nn.DataParallel({m})" for m in c.models),
         ]
     },
+    # mixup-cifar10's block: the move, the wrapper over every GPU and cuDNN's autotuner.
+    "data_parallel_if_cuda_moved": {
+        "after_build": lambda c: [
+            "if torch.cuda.is_available():",
+            *(
+                line
+                for m in c.models
+                for line in (
+                    f"    {m}.cuda()",
+                    f"    {m} = nn.DataParallel({m}, device_ids=range(torch.cuda.device_count()))",
+                )
+            ),
+            "    torch.backends.cudnn.benchmark = True",
+        ]
+    },
     "data_parallel": {"after_build": lambda c: [f"{m} = nn.DataParallel({m})" for m in c.models]},
 }
 

@@ -21,6 +21,8 @@ only wrapped and printed; cuDNN flags set there stay. Any other DataParallel is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
@@ -71,7 +73,7 @@ def unwrap_ddp(r: Rewrite) -> None:
         if target is not None and key_of(target) is not None:
             r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
         if wrapper == WRAPPERS[1]:
-            branch, whole = _optional_branch(r, call, line)
+            branch, whole = _optional_branch(r, call, line, model)
             if target is None or not _already(r, scope, target, model):
                 raise r.refuse(
                     call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name"
@@ -147,13 +149,16 @@ def _data_parallel(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
     return given["module"]
 
 
-def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tuple[cst.If, bool]:
+def _optional_branch(
+    r: Rewrite, call: cst.Call, line: cst.CSTNode | None, model: cst.BaseExpression
+) -> tuple[cst.If, bool]:
     """The ``if`` (with no ``else``) that wraps the model only on some runs (``if
     torch.cuda.device_count() > 1:``, ``if device == "cuda":``), and whether it goes whole: it
     does nothing else but wrap and print. The script runs the bare model on the full batch when
     the test fails, so its forward does not rely on the share of the batch each GPU gets
-    (``x.view(batch_size // num_gpus, ...)``). Its other lines may only set cuDNN's flags, which
-    stay; any other DataParallel is refused."""
+    (``x.view(batch_size // num_gpus, ...)``). Its other lines may only set cuDNN's flags or
+    move the wrapped ``model`` (``net.cuda()``, read by the conversion's moves step), which stay;
+    any other DataParallel is refused."""
     a = r.analysis
     block = a.parent(line) if line is not None else None
     branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -175,7 +180,7 @@ def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tu
             "process per GPU, every process still sees them all and would read it too",
         )
     more = [s for s in block.body if not _about_the_gpus(a, s)]  # type: ignore[union-attr]
-    flags = [s for s in more if _sets_a_backend_flag(s)]
+    flags = [s for s in more if _sets_a_backend_flag(s) or _moves(s, model)]
     if len(flags) < len(more):
         raise r.refuse(
             next(s for s in more if s not in flags),
@@ -189,10 +194,13 @@ def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tu
 
 def _gpu_count_read(a: Analysis) -> cst.Call | None:
     """A ``torch.cuda.device_count()`` outside the tests of the ``if``s that wrap a model in
-    DataParallel and outside what is only printed or logged (``batch_size *=
+    DataParallel, outside the wrappers' own arguments (``device_ids=range(...)``, which go with
+    them) and outside what is only printed or logged (``batch_size *=
     torch.cuda.device_count()``), or None."""
     for call in nodes(a.module, cst.Call):
         if a.names.last_part(call.func) != "device_count":  # type: ignore[attr-defined]
+            continue
+        if any(wrapper_of(a, outer) == WRAPPERS[1] for outer in _calls_around(a, call)):
             continue
         branch = a.enclosing(call, (cst.If,))
         if (
@@ -201,12 +209,17 @@ def _gpu_count_read(a: Analysis) -> cst.Call | None:
             and any(wrapper_of(a, c) == WRAPPERS[1] for c in nodes(branch.body, cst.Call))  # type: ignore[arg-type]
         ):
             continue
-        shown = a.enclosing(call, (cst.Call,))
-        while shown is not None and not _shows(shown):
-            shown = a.enclosing(shown, (cst.Call,))
-        if shown is None:
+        if not any(_shows(outer) for outer in _calls_around(a, call)):
             return call  # type: ignore[return-value]
     return None
+
+
+def _calls_around(a: Analysis, node: cst.CSTNode) -> Iterator[cst.Call]:
+    """The calls ``node`` is an argument of, innermost first."""
+    outer = a.enclosing(node, (cst.Call,))
+    while outer is not None:
+        yield outer  # type: ignore[misc]
+        outer = a.enclosing(outer, (cst.Call,))
 
 
 def _shows(call: cst.Call) -> bool:
@@ -226,6 +239,20 @@ def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:
         return False
     target = dotted_name(small.targets[0].target)
     return target is not None and target.split(".")[-2:-1] == ["cudnn"]
+
+
+def _moves(statement: cst.BaseStatement, model: cst.BaseExpression) -> bool:
+    """``net.cuda()`` or ``net = net.to(device)``: a line that only moves ``model``."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Assign):
+        if len(small.targets) != 1 or not small.targets[0].target.deep_equals(model):
+            return False
+    elif not isinstance(small, cst.Expr):
+        return False
+    moved = unwrap_moves(small.value)
+    return moved is not small.value and moved.deep_equals(model)
 
 
 def _about_the_gpus(a: Analysis, statement: cst.BaseStatement) -> bool:
