@@ -16,7 +16,8 @@ an ``if`` with no ``else`` (``if torch.cuda.device_count() > 1:``, ``if device =
 DCGAN's ``ngpu > 1``): the script then trains the bare model on the full batch on the runs that
 skip it, so its forward does not rely on the share of the batch each GPU gets, and one process
 per GPU (``accel-run``) replaces one process driving them all. The ``if`` goes with it when it
-only wrapped and printed; cuDNN flags set there stay. Any other DataParallel is refused.
+only wrapped and printed; cuDNN flags set there stay, and so does a move of the model, for the
+conversion's moves step to read. Any other DataParallel is refused.
 """
 
 from __future__ import annotations
