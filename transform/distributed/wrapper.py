@@ -74,7 +74,7 @@ def unwrap_ddp(r: Rewrite) -> None:
         if target is not None and key_of(target) is not None:
             r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
         if wrapper == WRAPPERS[1]:
-            branch, whole = _optional_branch(r, call, line, model)
+            branch, whole = _optional_branch(r, call, line)
             if target is None or not _already(r, scope, target, model):
                 raise r.refuse(
                     call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name"
@@ -150,16 +150,14 @@ def _data_parallel(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
     return given["module"]
 
 
-def _optional_branch(
-    r: Rewrite, call: cst.Call, line: cst.CSTNode | None, model: cst.BaseExpression
-) -> tuple[cst.If, bool]:
+def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tuple[cst.If, bool]:
     """The ``if`` (with no ``else``) that wraps the model only on some runs (``if
     torch.cuda.device_count() > 1:``, ``if device == "cuda":``), and whether it goes whole: it
     does nothing else but wrap and print. The script runs the bare model on the full batch when
     the test fails, so its forward does not rely on the share of the batch each GPU gets
     (``x.view(batch_size // num_gpus, ...)``). Its other lines may only set cuDNN's flags or
-    move the wrapped ``model`` (``net.cuda()``, read by the conversion's moves step), which stay;
-    any other DataParallel is refused."""
+    move a model it wraps (``net.cuda()``, read by the conversion's moves step), which stay; any
+    other DataParallel is refused."""
     a = r.analysis
     block = a.parent(line) if line is not None else None
     branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -181,7 +179,12 @@ def _optional_branch(
             "process per GPU, every process still sees them all and would read it too",
         )
     more = [s for s in block.body if not _about_the_gpus(a, s)]  # type: ignore[union-attr]
-    flags = [s for s in more if _sets_a_backend_flag(s) or _moves(s, model)]
+    wrapped = [
+        _data_parallel(r, c)
+        for c in nodes(block, cst.Call)  # type: ignore[arg-type]
+        if wrapper_of(a, c) == WRAPPERS[1]
+    ]
+    flags = [s for s in more if _sets_a_backend_flag(s) or _moves(s, wrapped)]
     if len(flags) < len(more):
         raise r.refuse(
             next(s for s in more if s not in flags),
@@ -242,18 +245,23 @@ def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:
     return target is not None and target.split(".")[-2:-1] == ["cudnn"]
 
 
-def _moves(statement: cst.BaseStatement, model: cst.BaseExpression) -> bool:
-    """``net.cuda()`` or ``net = net.to(device)``: a line that only moves ``model``."""
+def _moves(statement: cst.BaseStatement, models: list[cst.BaseExpression]) -> bool:
+    """``net.cuda()`` or ``net = net.to(device)``: a line that only moves one of ``models``."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return False
     small = statement.body[0]
     if isinstance(small, cst.Assign):
-        if len(small.targets) != 1 or not small.targets[0].target.deep_equals(model):
+        if len(small.targets) != 1:
             return False
-    elif not isinstance(small, cst.Expr):
+        target: cst.BaseExpression | None = small.targets[0].target
+    elif isinstance(small, cst.Expr):
+        target = None
+    else:
         return False
     moved = unwrap_moves(small.value)
-    return moved is not small.value and moved.deep_equals(model)
+    return moved is not small.value and any(
+        moved.deep_equals(m) and (target is None or target.deep_equals(m)) for m in models
+    )
 
 
 def _about_the_gpus(a: Analysis, statement: cst.BaseStatement) -> bool:
