@@ -7,10 +7,9 @@ printed losses and any saved weights must match. HF Accelerate is the reference 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,9 @@ import pytest
 from accelify.transform.convert import Options, convert
 
 from .conftest import CASES_DIR
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oracle"))
+from runner import Zygote  # tests/oracle is scripts, not a package
 
 torch = pytest.importorskip("torch")
 
@@ -33,14 +35,20 @@ RUNNABLE = {
 NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
 
 
-def _run(script: Path, args: list[str], cwd: Path) -> str:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": ""}
-    env = {k: v for k, v in env.items() if not k.startswith(("ACCELERATE_", "WORLD_SIZE", "RANK"))}
-    result = subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    """The oracle's fork server: each run a fresh process forked from one that imported torch
+    once, with no launch variables, the GPU hidden and PYTHONHASHSEED=0."""
+    forks = Zygote()
+    yield forks
+    forks.close()
+
+
+def _run(zygote: Zygote, script: Path, args: list[str], cwd: Path) -> str:
+    out = cwd / ".run"
+    out.mkdir(exist_ok=True)
+    result = zygote.run(script, cwd, out, 300, ranks=1, argv=args)
+    assert result.code == 0, result.stderr[-3000:]
     return result.stdout
 
 
@@ -49,19 +57,19 @@ def _numbers(output: str) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def originals(tmp_path_factory) -> dict[str, tuple[str, Path]]:
+def originals(tmp_path_factory, zygote: Zygote) -> dict[str, tuple[str, Path]]:
     """Run each original once; every target compares against the same run."""
     out = {}
     for name, (args, _saved, _tol) in RUNNABLE.items():
         cwd = tmp_path_factory.mktemp(f"{name}-original")
-        out[name] = (_run(CASES_DIR / f"{name}.in.py", args, cwd), cwd)
+        out[name] = (_run(zygote, CASES_DIR / f"{name}.in.py", args, cwd), cwd)
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["accelerate", "accelify"])
 @pytest.mark.parametrize("name", sorted(RUNNABLE))
-def test_converted_script_matches_original(name, target, originals, tmp_path) -> None:
+def test_converted_script_matches_original(name, target, originals, zygote, tmp_path) -> None:
     if target == "accelerate":
         pytest.importorskip("accelerate")
     args, saved, tolerance = RUNNABLE[name]
@@ -71,7 +79,7 @@ def test_converted_script_matches_original(name, target, originals, tmp_path) ->
     )
     expected_output, original_dir = originals[name]
 
-    output = _run(converted, args, tmp_path)
+    output = _run(zygote, converted, args, tmp_path)
 
     expected, got = _numbers(expected_output), _numbers(output)
     assert len(got) == len(expected) > 0, output

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,20 +120,31 @@ class Zygote:
             cwd=ROOT,
         )
 
-    def run(self, script: Path, cwd: Path, out: Path, timeout: float, ranks: int) -> Run:
-        """Run ``script`` on ``ranks`` forked processes; a run whose store found its port taken
-        runs again on another."""
+    def run(
+        self,
+        script: Path,
+        cwd: Path,
+        out: Path,
+        timeout: float,
+        *,
+        ranks: int,
+        argv: Sequence[str] = (),
+    ) -> Run:
+        """Run ``script argv...`` on ``ranks`` forked processes; a run whose store found its port
+        taken runs again on another."""
         for _attempt in range(3):
-            run = self._run_once(script, cwd, out, timeout, ranks)
+            run = self._run_once(script, cwd, out, timeout, ranks=ranks, argv=argv)
             if run.code == 0 or PORT_TAKEN not in run.stderr:
                 break
         return run
 
-    def _run_once(self, script: Path, cwd: Path, out: Path, timeout: float, ranks: int) -> Run:
+    def _run_once(
+        self, script: Path, cwd: Path, out: Path, timeout: float, *, ranks: int, argv: Sequence[str]
+    ) -> Run:
         env = clean_env()
         if ranks > 1:
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **LAUNCH_ENV)
-        request = {"script": str(script), "argv": [], "cwd": str(cwd), "out": str(out),
+        request = {"script": str(script), "argv": list(argv), "cwd": str(cwd), "out": str(out),
                    "env": env, "timeout": timeout, "ranks": ranks}  # fmt: skip
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
