@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from accelify.transform.convert import Options, convert
 from .conftest import CASES_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oracle"))
-from runner import Zygote  # tests/oracle is scripts, not a package
+from runner import Zygote, zygote_fixture  # noqa: F401  (tests/oracle is scripts, not a package)
 
 torch = pytest.importorskip("torch")
 
@@ -33,15 +32,6 @@ RUNNABLE = {
     "native_amp": ([], None, 1e-3),
 }
 NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    """The oracle's fork server: each run a fresh process forked from one that imported torch
-    once, with no launch variables, the GPU hidden and PYTHONHASHSEED=0."""
-    forks = Zygote()
-    yield forks
-    forks.close()
 
 
 def _run(zygote: Zygote, script: Path, args: list[str], cwd: Path) -> str:

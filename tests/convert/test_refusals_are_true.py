@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from accelify.transform.convert import convert
 from .conftest import CASES_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oracle"))
-from runner import Zygote  # tests/oracle is scripts, not a package
+from runner import Zygote, zygote_fixture  # noqa: F401  (tests/oracle is scripts, not a package)
 
 pytest.importorskip("torch")
 
@@ -61,15 +60,6 @@ def _without(step_name: str, source: str) -> str:
         return convert(source).code
     finally:
         convert_module.STEPS[:] = original
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    """The oracle's fork server: two ranks with torch elastic's variables, forked from a process
-    that imported torch once (a fresh accel-run launch imports it three times per run)."""
-    forks = Zygote()
-    yield forks
-    forks.close()
 
 
 def _run_two(

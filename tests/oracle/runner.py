@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from idioms import TRAIN_SIZE
 
@@ -166,6 +167,16 @@ class Zygote:
         if self.proc.stdin:
             self.proc.stdin.close()
         self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module", name="zygote")
+def zygote_fixture() -> Iterator[Zygote]:
+    """One fork server per test module: each run a fresh process forked from one that imported
+    torch once (a launch imports it again in every process), with no launch variables, the GPU
+    hidden and PYTHONHASHSEED=0. Imported by a module, it is that module's ``zygote``."""
+    forks = Zygote()
+    yield forks
+    forks.close()
 
 
 # What accel-run --cpu gives its workers besides torch elastic's rank variables.

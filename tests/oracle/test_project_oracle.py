@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from runner import (
     compare,
     transient,
     two_rank_verdict,
+    zygote_fixture,  # noqa: F401  (the module's zygote)
 )
 
 from accelify.transform.plan import Options
@@ -70,13 +70,6 @@ def _forked(zygote: Zygote, program: Path, where: Path, ranks: int = 1) -> Run:
     elastic's variables (no torch import; accel-run's own launch is tested in tests/launch)."""
     script = _place(program, where)
     return zygote.run(script, where / "work", where / "out", 120, ranks=ranks)
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    forks = Zygote()
-    yield forks
-    forks.close()
 
 
 def _torchrun(program: Path, where: Path) -> Run:
