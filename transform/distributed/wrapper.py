@@ -74,7 +74,7 @@ def unwrap_ddp(r: Rewrite) -> None:
         if target is not None and key_of(target) is not None:
             r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
         if wrapper == WRAPPERS[1]:
-            branch, whole = _optional_branch(r, call, line)
+            branch, kept = _optional_branch(r, call, line)
             if target is None or not _already(r, scope, target, model):
                 raise r.refuse(
                     call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name"
@@ -82,17 +82,15 @@ def unwrap_ddp(r: Rewrite) -> None:
             moved = unwrap_moves(parent.value) is not parent.value  # type: ignore[union-attr]
             if moved:  # ``model = model.cuda()`` stays: the script's device choice
                 r.edits.replace(call, lambda _node, m=model: m)
-            elif not whole:
+            elif kept:
                 r.remove(line)
             elif not r.edits.is_removed(branch):
                 r.remove(branch)
             test = a.module.code_for_node(branch.test)
             what = (
-                f"from the `if {test}:`, whose move of the model stays"
-                if moved
+                f"from the `if {test}:`{_what_stays(kept, moved)}"
+                if moved or kept
                 else f"with the `if {test}:` around it, which only wrapped or printed"
-                if whole
-                else f"from the `if {test}:`, whose cuDNN flags stay"
             )
             r.changed(
                 call,
@@ -150,14 +148,16 @@ def _data_parallel(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
     return given["module"]
 
 
-def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tuple[cst.If, bool]:
+def _optional_branch(
+    r: Rewrite, call: cst.Call, line: cst.CSTNode | None
+) -> tuple[cst.If, list[cst.BaseStatement]]:
     """The ``if`` (with no ``else``) that wraps the model only on some runs (``if
-    torch.cuda.device_count() > 1:``, ``if device == "cuda":``), and whether it goes whole: it
-    does nothing else but wrap and print. The script runs the bare model on the full batch when
-    the test fails, so its forward does not rely on the share of the batch each GPU gets
-    (``x.view(batch_size // num_gpus, ...)``). Its other lines may only set cuDNN's flags or
-    move a model it wraps (``net.cuda()``, read by the conversion's moves step), which stay; any
-    other DataParallel is refused."""
+    torch.cuda.device_count() > 1:``, ``if device == "cuda":``), and the lines of it that stay
+    (none: it goes whole, as it does nothing else but wrap and print). The script runs the bare
+    model on the full batch when the test fails, so its forward does not rely on the share of
+    the batch each GPU gets (``x.view(batch_size // num_gpus, ...)``). Its other lines may only
+    set cuDNN's flags or move a model it wraps (``net.cuda()``, read by the conversion's moves
+    step), which stay; any other DataParallel is refused."""
     a = r.analysis
     block = a.parent(line) if line is not None else None
     branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -184,16 +184,16 @@ def _optional_branch(r: Rewrite, call: cst.Call, line: cst.CSTNode | None) -> tu
         for c in nodes(block, cst.Call)  # type: ignore[arg-type]
         if wrapper_of(a, c) == WRAPPERS[1]
     ]
-    flags = [s for s in more if _sets_a_backend_flag(s) or _moves(s, wrapped)]
-    if len(flags) < len(more):
+    kept = [s for s in more if _sets_a_backend_flag(s) or _moves(s, wrapped)]
+    if len(kept) < len(more):
         raise r.refuse(
-            next(s for s in more if s not in flags),
+            next(s for s in more if s not in kept),
             DDP_WRAPPER,
             f"the `if {a.module.code_for_node(branch.test)}:` around DataParallel does more than "
             "wrap, print and set cuDNN's flags: launched one process per GPU, every process "
             "still sees them all and would run it",
         )
-    return branch, not more
+    return branch, kept
 
 
 def _gpu_count_read(a: Analysis) -> cst.Call | None:
@@ -243,6 +243,16 @@ def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:
         return False
     target = dotted_name(small.targets[0].target)
     return target is not None and target.split(".")[-2:-1] == ["cudnn"]
+
+
+def _what_stays(kept: list[cst.BaseStatement], moved: bool) -> str:
+    """What the report says of the ``if``'s other lines: cuDNN flags stay; a move of the model
+    is the conversion's to read (it removes it, as prepare() places the model)."""
+    flags = sum(_sets_a_backend_flag(s) for s in kept)
+    said = ", whose cuDNN flags stay" if flags else ""
+    if moved or flags < len(kept):
+        said += " (the move of the model there is read like any other)"
+    return said
 
 
 def _moves(statement: cst.BaseStatement, models: list[cst.BaseExpression]) -> bool:
