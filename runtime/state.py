@@ -312,15 +312,28 @@ def _all_out_of_collectives(world_size: int, timeout: float | None = None) -> bo
     A barrier returns on one rank while gloo may still be finishing it on another; destroying
     the group then kills that rank ("terminate called without an active exception", about one
     run in ten). The rendezvous store is not part of the group, so it can tell when all are out.
+    The store may live in rank 0's own process (a launch without torch elastic's agent: srun,
+    or ``MASTER_PORT`` set by hand), so rank 0 leaves last, once every rank has read the count:
+    a rank still reading it from a store that went away fails ("Connection reset by peer").
     """
     store = dist.distributed_c10d._get_default_store()
-    arrived = store.add("accelify/end_training", 1)
-    round_end = -(-arrived // world_size) * world_size  # end_training may be called again later
     deadline = None if timeout is None else time.monotonic() + timeout
-    while store.add("accelify/end_training", 0) < round_end:
+    if not _arrive(store, "accelify/end_training", world_size, deadline, wait=True):
+        return False
+    first = dist.get_rank() == 0
+    return _arrive(store, "accelify/end_training_read", world_size, deadline, wait=first)
+
+
+def _arrive(store: Any, key: str, world_size: int, deadline: float | None, *, wait: bool) -> bool:
+    """Count this rank in at ``key``; with ``wait``, until every rank has (False: timed out).
+    Each call is one round: ``end_training`` may be called again later."""
+    arrived = store.add(key, 1)
+    round_end = -(-arrived // world_size) * world_size
+    while wait and arrived < round_end:
         if deadline is not None and time.monotonic() > deadline:
             return False
         time.sleep(0.005)
+        arrived = store.add(key, 0)
     return True
 
 
