@@ -318,10 +318,12 @@ def _all_out_of_collectives(world_size: int, timeout: float | None = None) -> bo
     """
     store = dist.distributed_c10d._get_default_store()
     deadline = None if timeout is None else time.monotonic() + timeout
-    if not _arrive(store, "accelify/end_training", world_size, deadline, wait=True):
-        return False
+    out = _arrive(store, "accelify/end_training", world_size, deadline, wait=True)
+    # Counted in also by a rank that gave up waiting (it reads the store no more), so that rank
+    # 0 never waits for one that left at its exit wait while rank 0 still worked.
     first = dist.get_rank() == 0
-    return _arrive(store, "accelify/end_training_read", world_size, deadline, wait=first)
+    done_reading = _arrive(store, "accelify/end_training_read", world_size, deadline, wait=first)
+    return out and done_reading
 
 
 def _arrive(store: Any, key: str, world_size: int, deadline: float | None, *, wait: bool) -> bool:
