@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -145,15 +146,18 @@ def start(name: str, impl: str, out: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    """The launch's output; a launch that hangs is killed with its whole process group, since a
+    worker that outlived its launcher would hold the pipes open and hang the suite."""
     try:
         stdout, stderr = process.communicate(timeout=300)
     except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=60)
     return process.returncode, stdout, stderr
 
 
