@@ -336,14 +336,28 @@ def _explain_no_setup(plan: Plan) -> None:
     plan.needs_human(call, f"left unchanged: {why}", OBJECTS_NOT_FOLLOWED)
 
 
-def _module_imported(a: Analysis, call: cst.Call) -> bool:
-    """``train.train(...)`` after ``import train``: a module's function, which project mode
-    does not join (it joins ``from train import train``)."""
+def _join_advice(a: Analysis, call: cst.Call) -> str:
+    """What to do about training in another file: give both files, where project mode can join
+    them; it joins a script's ``from train import train``, never a module's function
+    (``train.train(...)`` after ``import train`` or ``from pkg import train``) nor a notebook."""
+    if a.path.endswith(".ipynb"):
+        return (
+            "project mode joins scripts, not notebooks: convert by hand, or move the setup into "
+            "a script that imports the training function (from module import function)"
+        )
     func = call.func
-    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
-        return False
-    statement = a.names.statements.get(func.value.value)
-    return isinstance(statement, cst.Import)
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        statement = a.names.statements.get(func.value.value)
+        if isinstance(statement, (cst.Import, cst.ImportFrom)):
+            return (
+                "the files of one program are converted together where the script imports the "
+                "training function itself (from module import function), not the module: "
+                "convert by hand, or import it that way"
+            )
+    return (
+        "give it this file with the one that trains (both paths, or their folder) to convert "
+        "them together"
+    )
 
 
 def _explain_hidden_step(plan: Plan) -> None:
@@ -385,14 +399,7 @@ def _explain_hidden_step(plan: Plan) -> None:
             )
             return
         if launcher and handed:  # nothing here for the linter: the step is in the other file
-            advice = (
-                "give it this file with the one that trains (both paths, or their folder) to "
-                "convert them together"
-                if not _module_imported(a, call)
-                else "the files of one program are converted together where the script imports "
-                "the training function itself (from module import function), not the module: "
-                "convert by hand, or import it that way"
-            )
+            advice = _join_advice(a, call)
             plan.info(
                 call,
                 f"left unchanged: training runs inside {func}(...), which this file does not "

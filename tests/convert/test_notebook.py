@@ -362,3 +362,22 @@ def test_lines_cited_in_a_reason_are_named_by_cell() -> None:
     result = convert_notebook(book(setup, peek, train), Options(), "nb.ipynb")
     (reason,) = [n.message for n in result.notes if n.manual]
     assert "after cell 2:line 1 already uses" in reason
+
+
+def test_training_imported_from_a_script_is_not_advised_to_join(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A notebook whose training runs in a function of ``engine.py`` is never joined with it
+    (project mode joins scripts), so its report must not tell the user to give both files."""
+    setup = "import torch\nfrom engine import train\nnet = torch.nn.Linear(1, 1)"
+    setup += "\nopt = torch.optim.SGD(net.parameters(), lr=0.1)"
+    loader = "loader = torch.utils.data.DataLoader(torch.randn(8, 1))"
+    (tmp_path / "nb.ipynb").write_text(book(setup, loader, "train(net, opt, loader)"))
+    engine = "def train(net, opt, loader):\n    for x in loader:\n        opt.zero_grad()\n"
+    engine += "        net(x).sum().backward()\n        opt.step()\n"
+    (tmp_path / "engine.py").write_text(engine)
+    assert cli.run(["--check", "-v", str(tmp_path / "nb.ipynb"), str(tmp_path / "engine.py")]) == 0
+    err = capsys.readouterr().err
+    assert "nb.ipynb: nothing to convert" in err
+    assert "ACR106" in err and "project mode joins scripts, not notebooks" in err
+    assert "give it this file with the one that trains" not in err
