@@ -180,12 +180,14 @@ def device_move(
     """``node`` as ``x.cuda()`` or ``x.to(<device>, ...)`` (device first or ``device=``), else None.
 
     Other arguments (a dtype, ``non_blocking``) may follow; callers that need a pure move check.
+    ``x.cuda(non_blocking=True)`` goes to the current GPU, as ``x.cuda()`` does.
     """
     move = method_call(node, "to", "cuda")
     if move is None:
         return None
     if move.func.attr.value == "cuda":  # type: ignore[union-attr]
-        return move if not move.args else None
+        keywords = [arg.keyword.value if arg.keyword else None for arg in move.args]
+        return move if all(k == "non_blocking" for k in keywords) else None
     first = move.args[0] if move.args else None
     if first is None or (first.keyword is not None and first.keyword.value != "device"):
         first = keyword_arg(move, "device")

@@ -104,9 +104,11 @@ def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
     """``x.cuda(self.cuda_index)``: a tensor put on one fixed GPU, while the accelerator gives
     each process its own device (and chooses the GPU itself, whatever switch guards this)."""
     for call, scope in a.calls:
-        if scope not in setup.reach or method_call(call, "cuda") is None or not call.args:
+        if scope not in setup.reach or method_call(call, "cuda") is None:
             continue
-        index = call.args[0].value
+        index = next((arg.value for arg in call.args if _names_the_device(arg)), None)
+        if index is None:
+            continue  # .cuda(non_blocking=True): the current device, as .cuda()
         if any(n.value.startswith(PREFIX) for n in names_in(index)):
             continue  # a rank the DDP rewrite made the accelerator's device
         raise Refused(
@@ -116,6 +118,12 @@ def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
             "accelerator gives each process its own device and decides itself whether to use "
             "one: they would meet on different devices; move it to accelerator.device by hand",
         )
+
+
+def _names_the_device(arg: cst.Arg) -> bool:
+    """``.cuda(1)``, ``.cuda(device=1)`` or an unpacked ``*args`` that may hold one; not
+    ``non_blocking=`` nor ``memory_format=``."""
+    return arg.star != "" or arg.keyword is None or arg.keyword.value == "device"
 
 
 def _refuse_batches_to_numpy(a: Analysis, setup: Setup) -> None:
