@@ -127,6 +127,13 @@ class Timeline:
                 return False
         return True
 
+    def may_follow(self, point: Point, node: cst.CSTNode) -> bool:
+        """Whether some run of ``node`` may come after ``point``: it is not shown to run before.
+        Code after the block that holds the point (``if cond: ...prepare...``, a ``try`` whose
+        handler may run first) is neither surely after nor surely before it. Code that never
+        runs from the setup (a function this file does not call) follows nothing."""
+        return self.anchors(node) is not None and not self.before(point, node)
+
     def before(self, point: Point, node: cst.CSTNode) -> bool:
         """Whether every run of ``node`` from the setup comes before ``point``."""
         anchors = self.anchors(node)

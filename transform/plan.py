@@ -166,7 +166,10 @@ class Plan:
                 where = "at module level" if setup.scope.is_module else f"in {setup.scope.name}()"
                 why = f"does not run from where the accelerator is created ({where})"
                 return self._unreachable(node, optional, why)
-            return self._unreachable(node, optional, "runs before the accelerator exists")
+            if before_init or setup.timeline.before(point, node):
+                return self._unreachable(node, optional, "runs before the accelerator exists")
+            why = "can also run when the block that creates the accelerator has not run"
+            return self._unreachable(node, optional, why)
         if setup.on_self and scope.cls is setup.scope.cls:
             return cst.parse_expression(setup.accelerator)
         if scope is setup.scope or (setup.scope.is_module and not self._elsewhere(scope)):

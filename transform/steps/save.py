@@ -163,13 +163,14 @@ def _anchors(plan: Plan, node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def _prepared(plan: Plan, scope: Scope, expr: cst.BaseExpression, models: set[str]) -> bool:
-    """Whether ``expr`` is a name holding a prepared model there."""
+    """Whether ``expr`` is a name that may hold a prepared model there (unwrapping a model
+    not yet prepared gives it back as it is)."""
     setup = plan.setup
     key = key_of(expr)
     if key is None or setup is None or setup.prepare_at is None:
         return False
     found = origins(plan.analysis, setup.scope, scope, key)
-    return bool(found) and found <= models and setup.timeline.after(setup.prepare_at, expr)
+    return bool(found) and found <= models and setup.timeline.may_follow(setup.prepare_at, expr)
 
 
 def rank_safe(plan: Plan, statement: cst.CSTNode) -> bool:

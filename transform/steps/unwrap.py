@@ -75,7 +75,11 @@ def unwrap(plan: Plan) -> None:
         if scope not in plan.training:
             continue
         found = origins(a, setup.scope, scope, key)
-        if not found or not found <= models or not setup.timeline.after(setup.prepare_at, node):
+        if (
+            not found
+            or not found <= models
+            or not setup.timeline.may_follow(setup.prepare_at, node)
+        ):
             continue
         if not all(setup.current(a, k, node) for k in found):
             continue
