@@ -101,7 +101,7 @@ def uses(plan: Plan) -> None:
 
 
 def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
-    """``x.cuda(self.cuda_index)``: a tensor put on one fixed GPU, while the accelerator gives
+    """``x.cuda(self.cuda_index)``: a tensor put on a GPU by number, while the accelerator gives
     each process its own device (and chooses the GPU itself, whatever switch guards this)."""
     for call, scope in a.calls:
         if scope not in setup.reach or method_call(call, "cuda") is None:
@@ -114,9 +114,10 @@ def _refuse_fixed_gpus(a: Analysis, setup: Setup) -> None:
         raise Refused(
             call,
             HAND_PICKED_DEVICE,
-            f".cuda({a.module.code_for_node(index)}) puts this on one fixed GPU, while the "
+            f".cuda({a.module.code_for_node(index)}) picks the GPU by its number, while the "
             "accelerator gives each process its own device and decides itself whether to use "
-            "one: they would meet on different devices; move it to accelerator.device by hand",
+            "one: unless that number is always the accelerator's device, they would meet on "
+            "different devices; move it to accelerator.device by hand",
         )
 
 
