@@ -331,6 +331,16 @@ def disk_writer(call: cst.Call, names: Names) -> str | None:
     return None
 
 
+# In-memory files: a writer handed one writes nothing to the disk, and each process its own.
+MEMORY_FILES = frozenset({"io.BytesIO", "io.StringIO"})
+
+
+def memory_file(expr: cst.BaseExpression | None, names: Names) -> bool:
+    """Whether ``expr`` makes an in-memory file (``io.BytesIO()``), which ``plt.savefig(buf)``
+    fills for the same process to read back: nothing for the main process alone to do."""
+    return isinstance(expr, cst.Call) and names.qualify(expr.func) in MEMORY_FILES
+
+
 def random_draw(call: cst.Call, names: Names) -> bool:
     """Whether ``call`` draws from a random stream: ``random``'s, numpy's or torch's, under its
     imported name or a bare one a ``from pylab import *`` brought in."""

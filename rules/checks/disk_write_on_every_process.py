@@ -12,7 +12,14 @@ from accelify.rules.facts import Facts, first_shared_call, mentions_rank, name_r
 from accelify.rules.imports import ImportsRule
 from accelify.rules.rule import Invalid, Report, Severity
 from accelify.transform.names import Names
-from accelify.transform.patterns import Role, callee_name, disk_writer, dotted_name, keyword_arg
+from accelify.transform.patterns import (
+    Role,
+    callee_name,
+    disk_writer,
+    dotted_name,
+    keyword_arg,
+    memory_file,
+)
 
 # Writers (accel-convert's list, shared) that race rather than write: the first process wins and
 # the others fail. ``plt.show()`` writes nothing: N windows, or none on a headless node.
@@ -30,7 +37,8 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
     main process (`save_image`, `np.save`/`savez`/`savetxt`, `imsave`, `os.remove`/`unlink`,
     `shutil.rmtree`, `os.makedirs`/`mkdir`, each checked against its import, and the methods
     `.savefig` and `.to_csv`) when every process runs them: outside a main-process guard and on
-    a path that does not name the process. A removal inside `try:` or `suppress(...)`, `rmtree(...,
+    a path that does not name the process. A write into an in-memory file (`io.BytesIO()`), which
+    each process fills for itself, a removal inside `try:` or `suppress(...)`, `rmtree(...,
     ignore_errors=True)` and `makedirs(..., exist_ok=True)` are fine on every process. The
     checkpoint writers (`torch.save`, `save_pretrained`, `open(..., "w")`) are ACL102's.
 
@@ -94,6 +102,9 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
         "    plt.savefig('loss.png')\n\n\nplot(losses)\n",
         "accelerator = Accelerator()\n\n\ndef save(path):  # the script's own, not numpy's\n"
         "    pass\n\n\nsave('x.npy')\n",
+        "import io\nimport matplotlib.pyplot as plt\naccelerator = Accelerator()\n\n\n"
+        "def to_image():  # each process fills and reads its own buffer\n"
+        "    buf = io.BytesIO()\n    plt.savefig(buf)\n    buf.seek(0)\n    return buf\n",
     )
     INVALID = (
         Invalid(
@@ -132,6 +143,7 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
         super().__init__(facts, reports)
         self._tolerant = 0  # open ``try:`` bodies and ``with suppress(...)`` blocks
         self._found: dict[cst.Call, tuple[str, bool]] = {}  # call -> message, exist_ok fix
+        self._memory: set[tuple[int, str]] = set()  # (function, name) bound to ``io.BytesIO()``
 
     def visit_Try_body(self, node: cst.Try) -> None:
         self._tolerant += 1
@@ -145,6 +157,13 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
     def leave_With(self, node: cst.With) -> None:
         self._tolerant -= _suppresses(node)
 
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if memory_file(node.value, self.names):
+            where = id(self.facts.function())
+            self._memory |= {
+                (where, t.target.value) for t in node.targets if isinstance(t.target, cst.Name)
+            }
+
     def visit_Expr(self, node: cst.Expr) -> None:
         """A writer called as a statement of its own, the form accel-convert guards."""
         call = node.value
@@ -153,11 +172,18 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
         writer = disk_writer(call, self.names)
         if writer is None or writer in _NOT_WRITES or any(mentions_rank(a) for a in call.args):
             return
+        if any(self._in_memory(arg.value) for arg in call.args):
+            return  # ``plt.savefig(buf)``: each process fills its own buffer
         message = self._message(call, writer, f"`if {self.reach().test()}:`")
         if message is not None:
             fixable = writer == "makedirs" and _argument(call, "exist_ok", 2) is None
             self._found[call] = message, fixable
             self.candidate(call, fixable=False)
+
+    def _in_memory(self, expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, cst.Name):
+            return (id(self.facts.function()), expr.value) in self._memory
+        return memory_file(expr, self.names)
 
     def _message(self, call: cst.Call, writer: str, guard: str) -> str | None:
         """What goes wrong and what to do (under ``guard``), or None for a form that is fine on

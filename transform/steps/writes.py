@@ -30,6 +30,7 @@ from accelify.transform.patterns import (
     disk_writer,
     dotted_name,
     keyword_arg,
+    memory_file,
     placeholder_of,
 )
 from accelify.transform.plan import Plan
@@ -345,7 +346,19 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
         return with_ if isinstance(with_, cst.With) and _writing_mode(call) else None  # type: ignore[return-value]
     if disk_writer(call, a.names) is None or not isinstance(a.parent(call), cst.Expr):
         return None  # a write inside a bigger expression is not the line's only effect
+    if any(_in_memory(a, call, arg.value) for arg in call.args):
+        return None  # ``plt.savefig(buf)``: each process fills its own buffer and reads it back
     return _alone(plan, call)
+
+
+def _in_memory(a: Analysis, call: cst.Call, expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is an in-memory file: made right there, or a name its function binds
+    to one and nothing else."""
+    if not isinstance(expr, cst.Name):
+        return memory_file(expr, a.names)
+    scope = a.scope_of.get(id(call))
+    values = [b.value for b in a.bindings if b.scope is scope and b.key == expr.value]
+    return bool(values) and all(memory_file(v, a.names) for v in values)
 
 
 def _downloaded_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
