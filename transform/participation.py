@@ -200,6 +200,22 @@ _LIBRARY_HEADS = frozenset(
 )  # fmt: skip
 
 
+# torch.nn's modules that hold no parameters: one built and never used leaves no parameter
+# without a gradient (a tutorial's ``self.softmax = nn.LogSoftmax()`` beside a CrossEntropyLoss).
+_NO_PARAMETERS = frozenset(
+    {
+        "ReLU", "ReLU6", "LeakyReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid",
+        "Tanh", "Softplus", "Softsign", "Hardtanh", "Hardswish", "Hardsigmoid", "Tanhshrink",
+        "Softmax", "LogSoftmax", "Softmax2d", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+        "AlphaDropout", "Identity", "Flatten", "Unflatten", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+        "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+        "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+        "Upsample", "PixelShuffle", "ZeroPad2d", "CrossEntropyLoss", "NLLLoss", "MSELoss",
+        "L1Loss", "BCELoss", "BCEWithLogitsLoss", "SmoothL1Loss", "KLDivLoss",
+    }
+)  # fmt: skip
+
+
 def _idle_in(a: Analysis, cls: str, seen: set[str]) -> cst.Attribute | None:
     methods: Mapping = a.methods.get(cls, {})
     init = methods.get("__init__")
@@ -211,7 +227,8 @@ def _idle_in(a: Analysis, cls: str, seen: set[str]) -> cst.Attribute | None:
         if built is None:
             continue
         target, kind = built
-        if _reads(a, target.attr.value) == 0:
+        parameterless = kind in _NO_PARAMETERS and kind not in a.model_classes
+        if _reads(a, target.attr.value) == 0 and not parameterless:
             return target
         if kind in a.methods and (inner := _idle_in(a, kind, seen)) is not None:
             return inner
