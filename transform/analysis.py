@@ -133,6 +133,7 @@ class Analysis:
     # ``metric_logger.log_every(loader, ...)`` calls (ids) whose method is proven to hand a loop
     # the loader's own items: a loop over one walks the loader (see ``_see_through``).
     through: set[int] = field(default_factory=set)
+    left_calls: list[tuple[cst.Call, Scope]] = field(default_factory=list)  # in excluded code
     _lines: dict[int, int] | None = field(default=None, repr=False)
     _bound: set[tuple[int, str]] | None = field(default=None, repr=False)
 
@@ -150,6 +151,7 @@ class Analysis:
         self.bindings = [b for b in self.bindings if b.scope not in scopes]
         self._bound = None
         self.loops = [lp for lp in self.loops if lp.scope not in scopes]
+        self.left_calls += [c for c in self.calls if c[1] in scopes]
         self.calls = [c for c in self.calls if c[1] not in scopes]
         self.assignments = [x for x in self.assignments if x[1] not in scopes]
         self.attributes = [x for x in self.attributes if x[1] not in scopes]

@@ -136,12 +136,57 @@ def setups(a: Analysis) -> tuple[Setup | None, list[Refused]]:
         why = f"a second training setup in {extra.scope.name}(); convert it by hand"
         refusals.append(Refused(extra.scope.node, SECOND_SETUP, why))
     chosen = planned[0] if planned else None
+    if chosen is not None and (shared := _shared_training(a, chosen, candidates)) is not None:
+        refusals.append(shared)
+        chosen = None
     if chosen is None and not candidates:
         chosen = _snippet(a)
     kept = chosen.reach if chosen is not None else set()
     dropped = {s for scope in candidates for s in reachable(a, scope)} - kept
     a.exclude(_with_nested(a, dropped) - kept)
     return chosen, refusals
+
+
+def _shared_training(a: Analysis, chosen: Setup, candidates: list[Scope]) -> Refused | None:
+    """Why ``chosen`` cannot be converted alone: code it trains through (a ``train()``) also
+    trains another setup, which stays as it is. Converting would change that one too: its
+    calls would miss the new ``accelerator`` parameter, or its bare model would step through
+    ``accelerator.backward`` on a prepared loader's shard."""
+    for other in candidates:
+        if other is chosen.scope:
+            continue
+        theirs = reachable(a, other, stop=chosen.scope)
+        shared = theirs & chosen.reach
+        trains = _training_scopes(a)
+        if not shared & trains:
+            continue  # helpers the DDP rewrite drops whole (setup(), cleanup()), or none
+        entries = [
+            (call, callee)
+            for call, where in a.calls
+            if where in theirs - shared
+            and (callee := a.callee(call)) in shared
+            and reachable(a, callee) & trains
+        ]
+        if not entries:  # the chosen setup runs the other one itself
+            return Refused(
+                other.node,
+                SECOND_SETUP,
+                f"the setup of {_called(chosen.scope)} runs {_called(other)}, which trains a "
+                "setup of its own that is not converted; convert both by hand",
+            )
+        call, runs = entries[0]
+        return Refused(
+            call,
+            SECOND_SETUP,
+            f"{runs.name}() also trains the setup of {_called(other)}, which is not converted: "
+            f"converting the setup of {_called(chosen.scope)} would change it too; convert both "
+            "by hand",
+        )
+    return None
+
+
+def _called(scope: Scope) -> str:
+    return "the module" if scope.is_module else f"{scope.name}()"
 
 
 # which scope -----------------------------------------------------------------------------------
@@ -181,9 +226,10 @@ def _training_scopes(a: Analysis) -> set[Scope]:
     return {scope for _call, scope, _loop in a.backward_calls}
 
 
-def reachable(a: Analysis, scope: Scope) -> set[Scope]:
+def reachable(a: Analysis, scope: Scope, stop: Scope | None = None) -> set[Scope]:
     """``scope``, the same-file functions it calls, transitively, its class's methods, and the
-    functions defined inside any of them (closures handed to ``optimizer.step``)."""
+    functions defined inside any of them (closures handed to ``optimizer.step``); not through
+    ``stop``."""
     seen = {scope} | {s for s in a.scopes if scope.cls is not None and s.cls is scope.cls}
     seen = _with_nested(a, seen)
     todo = list(seen)
@@ -194,7 +240,7 @@ def reachable(a: Analysis, scope: Scope) -> set[Scope]:
         current = todo.pop()
         for call in calls_by_scope.get(id(current), ()):
             callee = a.callee(call)
-            if callee is not None and callee not in seen:
+            if callee is not None and callee not in seen and callee is not stop:
                 fresh = _with_nested(a, {callee}) - seen
                 seen |= fresh
                 todo.extend(fresh)

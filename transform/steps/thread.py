@@ -29,6 +29,7 @@ def thread(plan: Plan) -> None:
     while pending := plan.borrowers - done:
         for scope in pending:
             done.add(scope)
+            _refuse_calls_left_alone(plan, scope)
             _add_parameter(plan, scope)
             if scope.cls is not None:
                 _keep_on_self(plan, scope)
@@ -41,6 +42,20 @@ def thread(plan: Plan) -> None:
                 plan.edits.replace(
                     call, lambda node, arg=arg: node.with_changes(args=_appended(node.args, arg))
                 )
+
+
+def _refuse_calls_left_alone(plan: Plan, scope: Scope) -> None:
+    """A call of ``scope`` in code left for a human (another setup's) would miss the new
+    parameter: a TypeError where the original ran."""
+    a = plan.analysis
+    for call, _where in a.left_calls:
+        if a.callee(call) is scope:
+            raise Refused(
+                call,
+                UNTRACKED_USE,
+                f"{scope.name}() now needs the accelerator, but this call is in code left as it "
+                "is, which cannot hand it over: convert by hand",
+            )
 
 
 def _keep_on_self(plan: Plan, init: Scope) -> None:
