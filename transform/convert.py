@@ -45,7 +45,7 @@ from accelify.transform.refusals import (
     TRAINING_ELSEWHERE,
     UNPRINTABLE,
 )
-from accelify.transform.setup import Refused, redefinition, setups
+from accelify.transform.setup import Refused, reachable, redefinition, setups
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 from accelify.transform.steps.accelerator import accelerator as write_accelerator
@@ -321,7 +321,11 @@ def _explain_no_setup(plan: Plan) -> None:
     elif built := next((b for b in optimizers if isinstance(b.value, cst.Call)), None):
         there = "at module level" if built.scope.is_module else f"in {built.scope.name}()"
         why = (
-            f"the training step {here} does not run from where its optimizer is built "
+            f"the optimizer built {there} (line {a.line(built.node)}) trains a model that scope "
+            "neither builds nor is handed (a global, or built elsewhere): prepare() needs the "
+            "model and its optimizer in one place; convert by hand"
+            if scope in reachable(a, built.scope)
+            else f"the training step {here} does not run from where its optimizer is built "
             f"({there}, line {a.line(built.node)}): it is reached through an object or a "
             "return value accel-convert does not follow; convert by hand"
         )
