@@ -555,9 +555,9 @@ def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str
             raise Refused(
                 bindings[0].node,
                 OBJECTS_NOT_FOLLOWED,
-                f"{key} is bound from {found}, which the training calls: prepare() would "
-                f"wrap {key} and the step would still run the unwrapped {found}; train and "
-                "optimize one name, or convert by hand",
+                f"{key} is bound from {found}, and the script runs both: prepare() can wrap "
+                "only one, and what runs the other skips the wrapper (and its gradient "
+                "sharing); train and optimize one name, or convert by hand",
             )
         out.append(next(iter(sources)))
     return list(dict.fromkeys(out))

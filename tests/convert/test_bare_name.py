@@ -45,5 +45,5 @@ def test_a_builtin_the_training_calls_is_not_taken_for_a_model() -> None:
 def test_a_name_made_from_the_trained_model_otherwise_is_refused() -> None:
     code, manual = _convert("bare = torch.nn.Sequential(model)", "bare.parameters()")
     (message,) = manual
-    assert "bare is bound from model, which the training calls" in message
+    assert "bare is bound from model, and the script runs both" in message
     assert "accelerator" not in code
