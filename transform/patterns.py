@@ -108,6 +108,11 @@ DISK_WRITERS = {
     "remove": ("os",),
     "unlink": ("os",),
     "rmtree": ("shutil",),
+    "copyfile": ("shutil",),
+    "copy": ("shutil",),
+    "copy2": ("shutil",),
+    "copytree": ("shutil",),
+    "move": ("shutil",),
     "makedirs": ("os",),
     "mkdir": ("os",),
 }

@@ -1,10 +1,10 @@
 """Which constructor opens an experiment run of its own: what the converter reports and the
 linter flags (ACL105) when every process runs it.
 
-``wandb.init``, ``visdom.Visdom`` and the ``...Logger``/``...Writer`` classes of the
-experiment-tracking libraries each open a run (an event file, a tracked run, a plot stream), so N
-processes open N. A logger the project writes
-itself is not known to: research code's ``MetricLogger`` wraps the data loader and all-reduces
+``wandb.init``, ``visdom.Visdom``, ``tensorboard_logger.configure`` and the ``...Logger``/
+``...Writer`` classes of the experiment-tracking libraries each open a run (an event file, a
+tracked run, a plot stream), so N processes open N. A logger the project writes itself is not
+known to: research code's ``MetricLogger`` wraps the data loader and all-reduces
 its meters, and putting it on the main process only would leave the other processes out of that
 collective (a hang) and out of their data.
 """
@@ -51,7 +51,11 @@ def opens_a_run(names: Names, call: cst.Call) -> str | None:
 
 
 # Calls that open a run whatever their name says, and their last parts (a cheap first test).
-OPENERS = {"wandb.init": "wandb run", "visdom.Visdom": "visdom connection"}
+OPENERS = {
+    "wandb.init": "wandb run",
+    "visdom.Visdom": "visdom connection",
+    "tensorboard_logger.configure": "tensorboard_logger run",
+}
 OPENER_NAMES = frozenset(qualified.rsplit(".", 1)[1] for qualified in OPENERS)
 
 

@@ -35,7 +35,8 @@ class DiskWriteOnEveryProcess(EveryProcessRule, ImportsRule):
     ## What it does
     In a script that creates an `Accelerator`, flags the disk writes accel-convert puts on the
     main process (`save_image`, `np.save`/`savez`/`savetxt`, `imsave`, `os.remove`/`unlink`,
-    `shutil.rmtree`, `os.makedirs`/`mkdir`, each checked against its import, and the methods
+    `shutil.rmtree`, `shutil.copyfile`/`copy`/`copy2`/`copytree`/`move`, `os.makedirs`/`mkdir`,
+    each checked against its import, and the methods
     `.savefig` and `.to_csv`) when every process runs them: outside a main-process guard and on
     a path that does not name the process. A write into an in-memory file (`io.BytesIO()`), which
     each process fills for itself, a removal inside `try:` or `suppress(...)`, `rmtree(...,
