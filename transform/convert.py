@@ -444,9 +444,25 @@ def _explain_hidden_step(plan: Plan) -> None:
 
 
 def _a_models_method(a: Analysis, scope: Scope, call: cst.Call) -> bool:
+    """``model.train(mode)`` on a model of this file, or on a parameter annotated as a module
+    (deit's ``def train_one_epoch(model: torch.nn.Module, ...)``)."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
     key = key_of(receiver) if receiver is not None else None
-    return key is not None and a.role(scope, key) is Role.MODEL
+    if key is None:
+        return False
+    return a.role(scope, key) is Role.MODEL or _annotated_module(a, scope, key)
+
+
+def _annotated_module(a: Analysis, scope: Scope, key: str) -> bool:
+    params = getattr(scope.node, "params", None)
+    if params is None:
+        return False
+    for param in (*params.params, *params.kwonly_params):
+        if param.name.value == key and param.annotation is not None:
+            annotation = param.annotation.annotation
+            named = a.names.qualify(annotation) or dotted_name(annotation) or ""
+            return named in ("torch.nn.Module", "nn.Module")
+    return False
 
 
 def _training_objects_handed(a: Analysis, scope: Scope, call: cst.Call) -> list[str]:

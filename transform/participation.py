@@ -21,18 +21,28 @@ from accelify.transform.walk import nodes
 
 
 def partly_used(a: Analysis, setup: Setup) -> dict[str, cst.Call]:
-    """Prepared model -> the first training-step forward whose outputs are partly discarded."""
+    """Prepared model -> the first training-step forward whose outputs are partly discarded,
+    for models whose every training-step forward discards some. One forward that keeps all its
+    outputs (A2C's rollout steps, before a last ``_, next_value = model(s)``) gives their
+    parameters a gradient; and with several forwards per backward, DistributedDataParallel's
+    search for unused parameters starts from the last one only, so it would mark parameters the
+    others use as unused, then fail when their gradients come."""
     models = set(setup.models(a))
     found: dict[str, cst.Call] = {}
+    whole: set[str] = set()
     for call, scope in a.calls:
         key = key_of(call.func)
         if scope not in setup.reach or key is None or not in_training_step(a, call):
             continue
         held = origins(a, setup.scope, scope, key) & models
-        if held and _discards(a, call):
+        if not held:
+            continue
+        if _discards(a, call):
             for model in held - _same_parameters(a, setup):
                 found.setdefault(model, call)
-    return found
+        else:
+            whole |= held
+    return {model: call for model, call in found.items() if model not in whole}
 
 
 def _same_parameters(a: Analysis, setup: Setup) -> set[str]:
