@@ -296,6 +296,14 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     parent = a.parent(node)
     key = use.key
     if isinstance(parent, cst.Attribute) and parent.value is node:
+        if (copy := _state_copied_before_prepare(a, use, parent)) is not None:
+            return copy, (
+                f"{a.module.code_for_node(copy.func)}(...) copies {key}'s weights before "
+                f"prepare(), which then gives every process the main process's {key}: on the "
+                "others the copy keeps their own initial weights (a target network then "
+                "differs between processes); copy after prepare(), from "
+                f"accelerator.unwrap_model({key}), or convert by hand"
+            )
         if _set_on_a_wrapper(a, use, parent):
             return parent, (
                 f"{a.module.code_for_node(parent)} is set on the prepared {_noun(use.role)}, a "
@@ -347,6 +355,21 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     ):
         return None
     return node, f"{key} is used here in a way accel-convert does not follow"
+
+
+def _state_copied_before_prepare(
+    a: Analysis, use: _Use, attribute: cst.Attribute
+) -> cst.Call | None:
+    """``target.load_state_dict(model.state_dict())`` before prepare(): the load that copies a
+    model's initial weights into another module (DQN's and DDPG's target networks)."""
+    if use.bare is not True or use.role is not Role.MODEL or attribute.attr.value != "state_dict":
+        return None
+    call = a.parent(attribute)
+    arg = a.parent(call) if isinstance(call, cst.Call) and call.func is attribute else None
+    load = a.parent(arg) if isinstance(arg, cst.Arg) else None
+    if isinstance(load, cst.Call) and method_call(load, "load_state_dict") is not None:
+        return load
+    return None
 
 
 def _set_on_a_wrapper(a: Analysis, use: _Use, attribute: cst.Attribute) -> bool:
