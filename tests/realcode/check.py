@@ -51,6 +51,12 @@ FIRST_SIGHT_PLAIN_3 = HERE / "first_sight_plain_3.csv"
 # pytorch-classification, TingsongYu's PyTorch_Tutorial), at d24115f, reviewed by three
 # helpers: 54 files.
 FIRST_SIGHT_PLAIN_4 = HERE / "first_sight_plain_4.csv"
+# Fourteen more (spro's practical-pytorch, siamese-triplet, wide-resnet.pytorch,
+# recurrent-visual-attention, densenet.pytorch, WideResNet-pytorch, pytorch-playground,
+# fast_adversarial, PPO-PyTorch, pytorch-retinanet, efficient_densenet_pytorch, sweetice's
+# Deep-reinforcement-learning-with-pytorch; DDP: Swin-Transformer, Deformable-DETR, LeViT), at
+# 8b2c14b, two runs reviewed by helpers: 46 files.
+FIRST_SIGHT_PLAIN_5 = HERE / "first_sight_plain_5.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -59,6 +65,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_2,
     FIRST_SIGHT_PLAIN_3,
     FIRST_SIGHT_PLAIN_4,
+    FIRST_SIGHT_PLAIN_5,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as

@@ -23,6 +23,7 @@ from check import (
     FIRST_SIGHT_PLAIN_2,
     FIRST_SIGHT_PLAIN_3,
     FIRST_SIGHT_PLAIN_4,
+    FIRST_SIGHT_PLAIN_5,
     FIRST_SIGHT_PROJECTS,
     OUTCOMES,
     PROJECT_VERDICTS,
@@ -81,6 +82,7 @@ def test_every_program_reviewed_at_first_sight_has_its_verdict_now() -> None:
         (FIRST_SIGHT_PLAIN_2, 21, 3, 0),
         (FIRST_SIGHT_PLAIN_3, 43, 3, 0),
         (FIRST_SIGHT_PLAIN_4, 54, 8, 0),
+        (FIRST_SIGHT_PLAIN_5, 46, 15, 0),
     ],
 )
 def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(
