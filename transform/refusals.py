@@ -155,7 +155,9 @@ SECOND_SETUP = Refusal(
     "accel-convert converts one training setup per file: the scope that builds a model's "
     "optimizer and runs its training step. A second one (a pre-training and a fine-tuning "
     "function, a GAN trained in another function) is left unchanged, since two accelerators "
-    "in one run would each claim the processes.",
+    "in one run would each claim the processes. Where both setups train through the same "
+    "functions (one `train()` for two experiments), neither is converted: the shared code's "
+    "edits would change the one left alone too.",
     "def pretrain():\n    optimizer = Adam(model.parameters())\n    ...\n\n"
     "def finetune():\n    optimizer = SGD(head.parameters(), lr=0.01)\n    ...",
     "Convert the second setup by hand with the same accelerator (pass it in and `prepare()` "
@@ -195,7 +197,9 @@ UNTRACKED_USE = Refusal(
     "An alias taken before it (`net = model`, `models = [g, d]`), an object handed to code "
     "this file does not show (`torch.compile`, a privacy engine, another module's helper), or "
     "an instance built around the bare objects keeps what they were, and would train without "
-    "gradient synchronisation.",
+    "gradient synchronisation. A module loaded with a model's weights before `prepare()` "
+    "(`target.load_state_dict(model.state_dict())`) keeps each process's own initial weights, "
+    "while `prepare()` gives the model the main process's.",
     "model = Net()\nnets = [model]\noptimizer = SGD(model.parameters(), lr=0.1)\n"
     "for x, y in loader:\n    loss = criterion(nets[0](x), y)",
     "Use the prepared name directly (take aliases after `prepare()`), or call the other code "
@@ -243,11 +247,13 @@ ACCELERATOR_UNREACHABLE = Refusal(
     "ACR210",
     "accelerator-unreachable",
     "code that needs the accelerator cannot reach it",
-    "A converted line uses the accelerator, but it runs before the accelerator is created, or "
-    "in a method of another class, a nested function or a function also called from "
-    "elsewhere, which cannot be handed it. A device chosen at module level and read by other "
-    "functions becomes `PartialState().device`, which the accelerator shares; one chosen there "
-    "more than once, or before the accelerator's `cpu=` choice, is the common case left.",
+    "A converted line uses the accelerator, but it runs before the accelerator is created, "
+    "may run without it (after a `try` or an `if` whose block creates it, such as a save in "
+    "`except KeyboardInterrupt:`), or runs in a method of another class, a nested function or "
+    "a function also called from elsewhere, which cannot be handed it. A device chosen at "
+    "module level and read by other functions becomes `PartialState().device`, which the "
+    "accelerator shares; one chosen there more than once, or before the accelerator's `cpu=` "
+    "choice, is the common case left.",
     'device = "cpu"  # module level\nif torch.cuda.is_available():\n    device = "cuda"\n\n'
     "def train():\n    model = Net().to(device)\n    ...",
     "Move the code (or the device choice) into the function that creates the accelerator, or "
