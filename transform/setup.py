@@ -152,18 +152,19 @@ def _shared_training(a: Analysis, chosen: Setup, candidates: list[Scope]) -> Ref
     trains another setup, which stays as it is. Converting would change that one too: its
     calls would miss the new ``accelerator`` parameter, or its bare model would step through
     ``accelerator.backward`` on a prepared loader's shard."""
+    trains = _training_scopes(a)
     for other in candidates:
         if other is chosen.scope:
             continue
         theirs = reachable(a, other, stop=chosen.scope)
         shared = theirs & chosen.reach
-        trains = _training_scopes(a)
         if not shared & trains:
             continue  # helpers the DDP rewrite drops whole (setup(), cleanup()), or none
+        own = theirs - shared
         entries = [
             (call, callee)
             for call, where in a.calls
-            if where in theirs - shared
+            if where in own
             and (callee := a.callee(call)) in shared
             and reachable(a, callee) & trains
         ]
