@@ -57,6 +57,10 @@ FIRST_SIGHT_PLAIN_4 = HERE / "first_sight_plain_4.csv"
 # Deep-reinforcement-learning-with-pytorch; DDP: Swin-Transformer, Deformable-DETR, LeViT), at
 # 8b2c14b, two runs reviewed by helpers: 46 files.
 FIRST_SIGHT_PLAIN_5 = HERE / "first_sight_plain_5.csv"
+# Ten more (Image_Segmentation, SRGAN-PyTorch, bubbliiiing's unet-pytorch and yolov4-pytorch,
+# deep-text-recognition-benchmark, PyTorch-YOLOv3, vit-pytorch, stargan; DDP: DiT, SiT), at
+# f48b27c: 25 files.
+FIRST_SIGHT_PLAIN_6 = HERE / "first_sight_plain_6.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -66,6 +70,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_3,
     FIRST_SIGHT_PLAIN_4,
     FIRST_SIGHT_PLAIN_5,
+    FIRST_SIGHT_PLAIN_6,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
