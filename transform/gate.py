@@ -91,7 +91,7 @@ def file_verdict(a: Analysis, names: Names) -> Verdict | None:
         if trainer is not None:
             return _trained_by(a, call, trainer)
         reason = _distributes(call, names)
-        if reason is not None:
+        if reason is not None and not _forward_only(a, reason):
             return Verdict(
                 call,
                 f"left unchanged: the script {reason}; accel-convert does not rewrite "
@@ -100,6 +100,12 @@ def file_verdict(a: Analysis, names: Names) -> Verdict | None:
                 family=OTHER_PARALLELISM,
             )
     return None
+
+
+def _forward_only(a: Analysis, reason: str) -> bool:
+    """DataParallel in a file that never calls backward spreads one process's forward over its
+    GPUs (a predictor class, an evaluation script): nothing an accelerator would change."""
+    return reason == _DISTRIBUTING["DataParallel"] and not a.backward_calls
 
 
 def _library_trainer(call: cst.Call, names: Names) -> str | None:

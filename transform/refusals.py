@@ -352,7 +352,9 @@ DDP_WRAPPER = Refusal(
     "models or without an Accelerate equivalent, or a `.module` of a model the rewrite cannot "
     "follow, cannot. `nn.DataParallel` goes too where it wraps the model only in an `if` whose "
     "other runs train the bare model; one on every path (whose forward may rely on each GPU's "
-    "share of the batch) or splitting the batch along another `dim=` cannot.",
+    "share of the batch) or splitting the batch along another `dim=` cannot. A file that "
+    "wraps a model in `DataParallel` but never calls backward (a predictor class, an "
+    "evaluation script) is not refused: it has nothing to convert.",
     "model = DDP(model, [rank], None, True)",
     "Pass the options by keyword with literal values, or set `DistributedDataParallelKwargs` "
     "in the accelerator by hand.",
