@@ -488,7 +488,11 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
     """The optimizer and every model whose parameters it holds (all of them, or replicas of
     the ones left out would drift apart on several processes)."""
     scope = setup.scope
-    optimizers = [b for b in _owned(a, scope) if a.role(scope, b.key) is Role.OPTIMIZER]
+    optimizers = [
+        b
+        for b in _owned(a, scope)
+        if a.role(scope, b.key) is Role.OPTIMIZER and not _handed_back(b)
+    ]
     models: list[str] = []
     for b in optimizers:
         value = b.value
@@ -525,6 +529,15 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 "needs both in one place",
             )
     return [*models, *(b.key for b in optimizers)]
+
+
+def _handed_back(b: Binding) -> bool:
+    """``model, optimizer = accelerator.prepare(model, optimizer)``: the object it was given comes
+    back wrapped (a converted script read again, by the linter), not a new optimizer."""
+    value = b.node.value if isinstance(b.node, cst.Assign) else None
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+        return False
+    return value.func.attr.value == "prepare" and any(key_of(x.value) == b.key for x in value.args)
 
 
 def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str]) -> list[str]:
@@ -991,7 +1004,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                 )
             else:
                 setup.rebuilds.setdefault(b.key, []).append(build)
-    point = Point(block, index)
+    point = _out_of_try(timeline, Point(block, index))
     if timeline.in_loop(point):
         raise Refused(block, BUILT_IN_LOOP, "the training objects are built inside a loop")
     for b in setup.prepared:
@@ -1004,6 +1017,20 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                 "needs it in one place",
             )
     _refuse_kept_early(a, setup, point)
+    return point
+
+
+def _out_of_try(timeline: Timeline, point: Point) -> Point:
+    """The start of a ``try`` body is the moment just before the ``try``: prepare() placed there
+    also comes before its handlers and the code after it (word_language_model's ``except
+    KeyboardInterrupt:``, then the test run of the best model), which can then use the
+    prepared objects."""
+    while point.index == 0:
+        owner = timeline.a.parent(point.block)
+        outer = timeline.block_of(owner) if isinstance(owner, cst.Try) else None
+        if outer is None or owner.body is not point.block:  # type: ignore[union-attr]
+            return point
+        point = Point(outer, timeline.index(outer, owner))
     return point
 
 

@@ -9,7 +9,7 @@ the import.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -20,7 +20,7 @@ from accelify.transform.plan import Plan
 from accelify.transform.refusals import BUILD_ORDER, BUILT_IN_LOOP, NAME_TAKEN, Refusal
 from accelify.transform.setup import Refused
 from accelify.transform.steps.moves import device_move
-from accelify.transform.steps.prepare import LINE_LENGTH
+from accelify.transform.steps.prepare import LINE_LENGTH, insert_paragraph
 from accelify.transform.steps.prepare import depth as _depth
 from accelify.transform.steps.writes import first_statement, side_effects
 from accelify.transform.walk import nodes
@@ -243,34 +243,11 @@ def _create(plan: Plan) -> None:
     point = setup.create_at
     anchor = point.next
     if anchor is not None:
-        _insert_paragraph(plan, anchor, statement)
+        insert_paragraph(plan, anchor, statement)
     else:
         plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
     plan.changed(  # type: ignore[arg-type]
         anchor or point.previous, f"created {setup.accelerator}", shows=code.split("(")[0] + "("
-    )
-
-
-def _insert_paragraph(plan: Plan, anchor: cst.BaseStatement, statement: cst.BaseStatement) -> None:
-    """Put ``statement`` above ``anchor`` as a paragraph of its own.
-
-    It takes the blank lines above ``anchor``; comments stay with the code they describe, and
-    one blank line separates the two.
-    """
-
-    def first_comment(lines: Sequence[cst.EmptyLine]) -> int:
-        return next((i for i, line in enumerate(lines) if line.comment), len(lines))
-
-    blank = list(anchor.leading_lines[: first_comment(anchor.leading_lines)])
-    plan.edits.insert_before(anchor, statement.with_changes(leading_lines=blank), first=True)
-    plan.edits.replace(  # on the anchor as other steps left it (a rewrite may have added lines)
-        anchor,
-        lambda node: node.with_changes(
-            leading_lines=[
-                cst.EmptyLine(indent=False),
-                *node.leading_lines[first_comment(node.leading_lines) :],
-            ]
-        ),
     )
 
 

@@ -10,9 +10,12 @@ once per *epoch* must not be multiplied that way: then the accelerator gets
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, key_of, mentions
+from accelify.transform.flow import Point
 from accelify.transform.participation import (
     cut_layers,
     idle_submodules,
@@ -28,11 +31,41 @@ from accelify.transform.patterns import (
 )
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import STEP_ORDER
-from accelify.transform.setup import Refused
+from accelify.transform.setup import Refused, Setup
 from accelify.transform.walk import nodes
 
 # Wrap the call like black would past this width (the guide's own example is wrapped).
 LINE_LENGTH = 88
+
+
+def insert_paragraph(plan: Plan, anchor: cst.BaseStatement, statement: cst.BaseStatement) -> None:
+    """Put ``statement`` above ``anchor`` as a paragraph of its own.
+
+    It takes the blank lines above ``anchor``; comments stay with the code they describe, and
+    one blank line separates the two.
+    """
+
+    def first_comment(lines: Sequence[cst.EmptyLine]) -> int:
+        return next((i for i, line in enumerate(lines) if line.comment), len(lines))
+
+    blank = list(anchor.leading_lines[: first_comment(anchor.leading_lines)])
+    plan.edits.insert_before(anchor, statement.with_changes(leading_lines=blank), first=True)
+    plan.edits.replace(  # on the anchor as other steps left it (a rewrite may have added lines)
+        anchor,
+        lambda node: node.with_changes(
+            leading_lines=[
+                cst.EmptyLine(indent=False),
+                *node.leading_lines[first_comment(node.leading_lines) :],
+            ]
+        ),
+    )
+
+
+def _with_creation(setup: Setup, point: Point) -> bool:
+    """Whether the accelerator is created at ``point`` too (both before a ``try`` the training
+    runs in): it goes first, so prepare() follows it."""
+    created = setup.create_at
+    return created is not None and created.block is point.block and created.index == point.index
 
 
 def prepare(plan: Plan) -> None:
@@ -52,10 +85,15 @@ def prepare(plan: Plan) -> None:
         where = point.previous or point.next  # type: ignore[assignment]
         indent = 4 * depth(plan, point.block)
     statement = plan.statement(_prepare_code(keys, setup.accelerator, indent))
-    if point is not None and point.previous is not None:
-        plan.edits.insert_after(point.previous, statement)
-    else:
+    if point is None:
         plan.edits.insert_before(where, statement)  # type: ignore[arg-type]
+    elif point.next is not None and (point.previous is None or _with_creation(setup, point)):
+        where = point.next  # first, or right after the accelerator made here
+        plan.edits.insert_before(where, statement)
+    elif point.next is not None and isinstance(point.previous, cst.FunctionDef | cst.ClassDef):
+        insert_paragraph(plan, point.next, statement)  # not glued to the end of a definition
+    else:
+        plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
     plan.changed(  # type: ignore[arg-type]
         where,
         f"prepared {', '.join(keys)} with {setup.accelerator}.prepare()",
