@@ -217,6 +217,9 @@ _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 def _small_assigns(small: cst.BaseSmallStatement, key: str) -> bool:
     if isinstance(small, cst.Raise | cst.Return):
         return True
+    value = getattr(small, "value", None)
+    if isinstance(value, cst.Call) and _called_with(value, key):
+        return True  # unbound, ``key`` fails here: the run never goes past it
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
         return dotted_name(small.value.func) in _EXITS
     if isinstance(small, cst.Assign):
@@ -224,6 +227,16 @@ def _small_assigns(small: cst.BaseSmallStatement, key: str) -> bool:
     if isinstance(small, cst.AnnAssign):
         return small.value is not None and key_of(small.target) == key
     return False
+
+
+def _called_with(call: cst.Call, key: str) -> bool:
+    """Whether evaluating ``call`` reads ``key`` before anything else can run: an argument, or
+    the object of the method (``CosineAnnealingLR(optimizer, ...)`` right after an
+    ``if``/``elif`` that may not build it)."""
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    if receiver is not None and key_of(receiver) == key:
+        return True
+    return any(key_of(arg.value) == key for arg in call.args)
 
 
 def _branch_assigns(block: cst.BaseSuite, key: str) -> bool:
