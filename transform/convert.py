@@ -519,11 +519,13 @@ def _no_optimizer(a: Analysis) -> str:
     the file does: an optimizer it cannot follow steps, parameters are updated by hand, or
     nothing is updated at all (gradients computed for their own sake)."""
     backward, scope, _loop = a.backward_calls[0]
-    after = a.line(backward)
+    # After the backward, or after a call of the helper that runs it (``backward(loss, scaler)``).
+    after = [(scope, a.line(backward))]
+    after += [(where, a.line(call)) for call, where in a.calls if a.callee(call) is scope]
     for call, where in a.calls:
         stepped = method_call(call, "step")
         receiver = dotted_name(stepped.func.value) if stepped is not None else None  # type: ignore[union-attr]
-        if receiver is None or where is not scope or a.line(call) < after:
+        if receiver is None or not any(where is s and a.line(call) >= n for s, n in after):
             continue  # the step that follows the backward: not a scheduler's, a sampler's
         if "sched" not in receiver.lower():
             return (
