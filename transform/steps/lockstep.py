@@ -366,16 +366,14 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
 
     for node in v.statements(scope):
         if isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign) and node.value:
-            targets = (
-                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            )
-            keys = [key for target in targets for key in target_names(target)]
-            if all(_sized_apart(v, (a.owner(scope, key), key)) for key in keys):
-                continue  # already known to differ in size: nothing more to learn here
-            why = _reads(a, scope, node.value, v, _once_at(a, scope, node)) or under(node)
-            if why is not None:
-                for key in keys:
-                    mark(scope, key, why, node)
+            for target, value in _paired(node):
+                keys = list(target_names(target))
+                if all(_sized_apart(v, (a.owner(scope, key), key)) for key in keys):
+                    continue  # already known to differ in size: nothing more to learn here
+                why = _reads(a, scope, value, v, _once_at(a, scope, node)) or under(node)
+                if why is not None:
+                    for key in keys:
+                        mark(scope, key, why, node)
         elif isinstance(node, cst.For):
             for key, why in _loop_targets(a, scope, node, v, loaders):
                 mark(scope, key, why, node)
@@ -402,6 +400,24 @@ def _spread_in(a: Analysis, scope: Scope, v: Values, loaders: set[str]) -> None:
             if (why := under(node)) is not None:  # runs a per-process number of times
                 for key in _kept_by(callee, v):
                     mark(callee, key, why)
+
+
+def _paired(
+    node: cst.Assign | cst.AnnAssign | cst.AugAssign,
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """Each target with the value it gets: ``i, t0 = 0, time.time()`` gives ``i`` the 0 and
+    ``t0`` the clock; any other unpacking gives every name the whole value."""
+    assert node.value is not None
+    if not isinstance(node, cst.Assign):
+        return [(node.target, node.value)]
+    (first, *others), value = node.targets, node.value
+    target = first.target
+    if not others and isinstance(target, cst.Tuple | cst.List) and isinstance(value, cst.Tuple):
+        names, values = target.elements, value.elements
+        plain = not any(isinstance(e, cst.StarredElement) for e in (*names, *values))
+        if plain and len(names) == len(values):
+            return [(n.value, e.value) for n, e in zip(names, values, strict=True)]
+    return [(t.target, value) for t in node.targets]
 
 
 def _sized_apart(v: Values, place: tuple[int, str]) -> bool:
