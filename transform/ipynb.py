@@ -20,6 +20,13 @@ from accelify.transform.sources import Skipped, SourceError
 
 # A line IPython runs but Python cannot parse: ``%magic``, ``!shell``, ``?help``, ``x = %magic``.
 _MAGIC = re.compile(r"^(\s*)([%!?]|\w[\w.,\s]*=\s*[%!])")
+# IPython's automagic: a line magic called without its ``%`` (``pip install -r requirements.txt``,
+# ``cd data``), which IPython runs when the line is no Python.
+_AUTOMAGIC = re.compile(
+    r"^(\s*)(?:pip|conda|mamba|cd|ls|pwd|env|set_env|load_ext|reload_ext|matplotlib|pylab|time|"
+    r"timeit|prun|run|mkdir|rm|rmdir|cp|mv|cat|who|whos|history|alias|autoreload|pushd|popd)"
+    r"\s+\S"
+)
 _CELL_TYPES = frozenset({"code", "markdown", "raw"})
 _INDENT = re.compile(r"\{\r?\n([ \t]+)")
 _LINE = re.compile(r"[^\n]*\n|[^\n]+")  # split after "\n" only, as Jupyter stores lines
@@ -134,9 +141,20 @@ def is_cell_magic(source: str) -> bool:
 
 
 def magic_indent(line: str) -> str | None:
-    """The indentation of an IPython line (``%``/``!``/``?``), or None for a Python line."""
-    match = _MAGIC.match(line)
-    return match.group(1) if match else None
+    """The indentation of an IPython line (``%``/``!``/``?``, or a magic called without its
+    ``%`` where the line is no Python), or None for a Python line."""
+    match = _MAGIC.match(line) or _AUTOMAGIC.match(line)
+    if match is None or (match.re is _AUTOMAGIC and _parses(line.strip())):
+        return None
+    return match.group(1)
+
+
+def _parses(text: str) -> bool:
+    try:
+        compile(text, "<cell line>", "exec", dont_inherit=True)
+    except SyntaxError:
+        return False
+    return True
 
 
 def magic_indents(lines: Iterable[str]) -> Iterator[str | None]:

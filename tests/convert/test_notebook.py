@@ -348,6 +348,26 @@ def test_a_magic_after_a_closed_python_line_is_still_a_magic(cell: str) -> None:
     assert list(ipynb.magic_indents(lines))[-1] == ""
 
 
+@pytest.mark.parametrize(
+    "cell", ["pip install -r requirements.txt", "cd data", "conda install -y faiss-cpu"]
+)
+def test_a_magic_called_without_its_percent_is_a_magic(cell: str) -> None:
+    """IPython's automagic runs ``pip install ...`` as ``%pip``: the converter keeps it as it
+    keeps ``%pip``, instead of calling a notebook that runs a syntax error (TimesNet's tutorial).
+    """
+    training = "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    training += "for x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+    training += "    optimizer.step()"
+    text = book(cell, "import torch", training)
+    cells = _code_sources(convert_notebook(text, Options(), "nb.ipynb").code)
+    assert cells[0] == cell and "accelerator.backward(loss)" in cells[2]
+
+
+@pytest.mark.parametrize("line", ["ls -la", "time = 3", "cd", "pip(install)", "run = lambda: 1"])
+def test_a_magic_name_in_a_line_of_python_is_python(line: str) -> None:
+    assert ipynb.magic_indent(line) is None
+
+
 def test_lines_cited_in_a_reason_are_named_by_cell() -> None:
     """A reason that cites another line (``after line N already uses ...``) names it as the reader
     finds it, by cell: the converter counts lines of the joined program."""
