@@ -52,8 +52,10 @@ def place(plan: Plan) -> None:
     chosen_at, flag = plan.cpu_choice
     code = plan.analysis.module.code_for_node(flag)
     point = setup.create_at
-    read = {name.value for name in names_in(flag)}  # and ``args.cuda`` set apart from ``args``
-    read |= {key for node in nodes(flag, cst.Attribute) if (key := dotted_name(node))}
+    attributes = list(nodes(flag, cst.Attribute))
+    named = {id(node.attr) for node in attributes}  # ``device`` of ``args.device`` is no name
+    read = {name.value for name in names_in(flag) if id(name) not in named}
+    read |= {key for node in attributes if (key := dotted_name(node))}  # ``args.cuda`` set apart
     if all(after <= point.index for _b, after in _set_in(plan, point.block, read)):
         plan.accelerator_kwargs["cpu"] = flag
         plan.changed(chosen_at, f"the script's choice of the CPU carries over: cpu={code}")

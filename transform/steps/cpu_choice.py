@@ -19,6 +19,7 @@ from accelify.transform.patterns import (
     Role,
     asks_availability,
     device_call,
+    dotted_name,
     is_device,
     method_call,
 )
@@ -54,6 +55,8 @@ def cpu_choice(plan: Plan) -> None:
         flag = condition if cpu_when_true else _negated(a, condition)
     elif len(bindings) == 1 and bindings[0].value is not None and _is_cpu(a, bindings[0].value):
         flag = cst.Name("True")  # ``device = "cpu"``: the script runs on the CPU, wherever it is
+    elif len(bindings) == 1 and (named := _named_at_run_time(a, bindings[0])) is not None:
+        flag = cst.Comparison(named, [cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cpu"'))])
     else:
         return
     plan.cpu_choice = (bindings[0].node, flag)
@@ -116,6 +119,17 @@ def _sides(
         return test, False
     if cpu == (True, False) and is_device(when_false, by_name=False, names=a.names):
         return test, True
+    return None
+
+
+def _named_at_run_time(a: Analysis, binding: Binding) -> cst.BaseExpression | None:
+    """``args.device`` of ``device = torch.device(args.device)``: a device named by a string
+    the run picks (``--device cpu``), which asks for the CPU when it says "cpu"."""
+    value = binding.value
+    if isinstance(value, cst.Call) and len(value.args) == 1 and device_call(value.func, a.names):
+        value = value.args[0].value
+    if isinstance(value, cst.Attribute) and dotted_name(value) is not None:
+        return value
     return None
 
 
