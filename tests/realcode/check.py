@@ -61,6 +61,9 @@ FIRST_SIGHT_PLAIN_5 = HERE / "first_sight_plain_5.csv"
 # deep-text-recognition-benchmark, PyTorch-YOLOv3, vit-pytorch, stargan; DDP: DiT, SiT), at
 # f48b27c: 25 files.
 FIRST_SIGHT_PLAIN_6 = HERE / "first_sight_plain_6.csv"
+# Seven more (Time-Series-Library, TCN, awd-lstm-lm, vision-transformers-cifar10,
+# pytorch_resnet_cifar10; DDP: ViT-pytorch, open_clip), at f48b27c: 24 files.
+FIRST_SIGHT_PLAIN_7 = HERE / "first_sight_plain_7.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -71,6 +74,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_4,
     FIRST_SIGHT_PLAIN_5,
     FIRST_SIGHT_PLAIN_6,
+    FIRST_SIGHT_PLAIN_7,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
