@@ -86,11 +86,8 @@ def dedistribute(module: cst.Module, source: str, path: str = "<string>") -> Ded
     rewrite = Rewrite(analysis, path)
     try:
         refuse_other_parallelism(rewrite)
-        wrappers = _wrappers(analysis)
-        if not wrappers:
+        if not _wraps_a_model(analysis):
             return None  # processes that train apart (no DDP) would be changed by prepare()
-        if wrappers == {"DataParallel"} and not analysis.backward_calls:
-            return None  # one process's forward over its GPUs, in code that does not train
         for run in _REWRITES:
             run_step(run, rewrite, rewrite.notes)
     except Refused as refused:
@@ -104,9 +101,9 @@ def dedistribute(module: cst.Module, source: str, path: str = "<string>") -> Ded
     )
 
 
-def _wrappers(a: Analysis) -> set[str]:
-    """The wrappers built here: ``DistributedDataParallel``, ``DataParallel`` or both."""
-    return {w for call, _s in a.calls if (w := wrapper_of(a, call)) is not None}
+def _wraps_a_model(a: Analysis) -> bool:
+    """Whether a DistributedDataParallel or DataParallel wrapper is built."""
+    return any(wrapper_of(a, call) for call, _s in a.calls)
 
 
 def _line_map(original: str, intermediate: str) -> list[int]:
