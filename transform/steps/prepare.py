@@ -91,7 +91,8 @@ def prepare(plan: Plan) -> None:
         where = point.next  # first, or right after the accelerator made here
         plan.edits.insert_before(where, statement)
     elif point.next is not None and isinstance(point.previous, cst.FunctionDef | cst.ClassDef):
-        insert_paragraph(plan, point.next, statement)  # not glued to the end of a definition
+        where = point.next  # a paragraph of its own, not glued to the end of a definition
+        insert_paragraph(plan, where, statement)
     else:
         plan.edits.insert_after(point.previous, statement)  # type: ignore[arg-type]
     plan.changed(  # type: ignore[arg-type]
