@@ -531,11 +531,12 @@ def _read_iterable(
     loop: Loop, through: Collection[int], written: cst.BaseExpression | None = None
 ) -> None:
     """What a ``for`` walks (the loader's key, every zipped one) and the names of its batches;
-    ``written``: the wrapper its iterable was bound to (``loop = tqdm(enumerate(loader))``)."""
+    ``written``: the wrapper the name it walks was bound to (``loop = tqdm(enumerate(loader))``,
+    then ``for i, batch in loop:`` or ``in enumerate(loop)``)."""
     node = loop.node
     assert isinstance(node, cst.For)
-    walked = written if written is not None else node.iter
-    iterable = loop_iterable(walked, through)
+    walked = written if written is not None and isinstance(node.iter, cst.Name) else node.iter
+    iterable = loop_iterable(written if written is not None else walked, through)
     batch_target = node.target
     if (
         walked is not iterable
@@ -550,10 +551,13 @@ def _read_iterable(
 
 
 def _see_named_wrappers(a: Analysis) -> None:
-    """``loop = tqdm(enumerate(loader))`` then ``for i, batch in loop:``: a progress bar bound to
-    a name once in the loop's function walks the loader as the written-out form does."""
+    """``loop = tqdm(enumerate(loader))`` then ``for i, batch in loop:`` (or ``in
+    enumerate(loop)``): a progress bar bound to a name once in the loop's function walks the
+    loader as the written-out form does (one kept from before prepare() is refused there)."""
     for loop in a.loops:
-        walked = loop.node.iter if isinstance(loop.node, cst.For) else None
+        if not isinstance(loop.node, cst.For):
+            continue
+        walked = loop_iterable(loop.node.iter, a.through)
         if not isinstance(walked, cst.Name):
             continue
         values = [b.value for b in a.bindings if b.scope is loop.scope and b.key == walked.value]

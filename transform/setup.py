@@ -23,6 +23,7 @@ from accelify.transform.analysis import (
     attribute_links,
     call_links,
     key_of,
+    loop_iterable,
     names_in,
     optimized_models,
     returned_values,
@@ -1053,16 +1054,34 @@ def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
     bare objects, whatever prepare() returns afterwards."""
     keys = set(setup.keys)
     for call, where in a.calls:
-        if where is not setup.scope or a.constructed_class(call) is None:
+        if where is not setup.scope or setup.timeline.after(point, call):
             continue
-        handed = [k for arg in call.args if (k := key_of(arg.value)) in keys]
-        if handed and not setup.timeline.after(point, call):
+        if a.constructed_class(call) is not None:
+            handed = [k for arg in call.args if (k := key_of(arg.value)) in keys]
+            if handed:
+                raise Refused(
+                    call,
+                    BUILD_ORDER,
+                    f"{a.constructed_class(call)}(...) is handed {', '.join(handed)} before "
+                    "prepare() can wrap them, and would keep the bare objects; build it after "
+                    "them",
+                )
+        elif (loader := _kept_view(a, call)) in setup.loaders:
             raise Refused(
                 call,
                 BUILD_ORDER,
-                f"{a.constructed_class(call)}(...) is handed {', '.join(handed)} before "
-                "prepare() can wrap them, and would keep the bare objects; build it after them",
+                f"{callee_name(call)}({loader}) is kept before prepare() can wrap {loader}: "
+                "the loop over it would walk the bare loader, unsharded; make it after the "
+                "training objects are built",
             )
+
+
+def _kept_view(a: Analysis, call: cst.Call) -> str | None:
+    """``pbar = tqdm(loader)``, ``batches = iter(loader)``: a name kept over a loader, which
+    the training walks later."""
+    if not isinstance(a.parent(call), cst.Assign) or loop_iterable(call) is call:
+        return None
+    return key_of(loop_iterable(call))
 
 
 def _common_block(timeline: Timeline, nodes: list[cst.CSTNode]) -> cst.Module | cst.IndentedBlock:
