@@ -226,7 +226,9 @@ BARE_MODULE = Refusal(
     "On several processes the prepared model is a wrapper that synchronises gradients when "
     "its forward runs. A step that calls a method the model's class adds "
     "(`model.compute_loss(x)`), or that runs an inner module the wrapper was built around, "
-    "bypasses it: the replicas would drift apart.",
+    "bypasses it: the replicas would drift apart. A module that trains itself, or a submodule "
+    "of its own in its methods (a GAIL discriminator's `self.trunk`), cannot hold the wrapper "
+    "in its own place.",
     "for x, y in loader:\n    loss = model.compute_loss(x, y)\n    loss.backward()",
     "Compute the loss from `model(x)` (move the method's work into `forward`), or convert by "
     "hand and keep such calls out of the training step.",

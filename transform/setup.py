@@ -512,9 +512,19 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                     "expression accel-convert does not read)",
                 )
         models.extend(sorted(held, key=lambda k: _first_bound(a, scope, k)))
+    cls = scope.cls
     for key in models:
         if key == "self":
             raise Refused(optimizers[0].node, BARE_MODULE, _trains_itself(a, setup, optimizers[0]))
+        if key.startswith("self.") and cls is not None and cls.name.value in a.model_classes:
+            raise Refused(
+                optimizers[0].node,
+                BARE_MODULE,
+                f"{key} is a submodule of {cls.name.value}, an nn.Module that trains it in its "
+                f"own methods: prepare() would put the wrapper inside {cls.name.value} (its "
+                f"state_dict keys change, and code that moves or saves {cls.name.value} reaches "
+                "the wrapper); convert by hand",
+            )
         if key in scope.params:
             raise Refused(
                 optimizers[0].node,
