@@ -64,6 +64,9 @@ FIRST_SIGHT_PLAIN_6 = HERE / "first_sight_plain_6.csv"
 # Seven more (Time-Series-Library, TCN, awd-lstm-lm, vision-transformers-cifar10,
 # pytorch_resnet_cifar10; DDP: ViT-pytorch, open_clip), at f48b27c: 24 files.
 FIRST_SIGHT_PLAIN_7 = HERE / "first_sight_plain_7.csv"
+# Seven more (Cutout, MixMatch, FixMatch, CutMix, pytorch-a2c-ppo-acktr-gail, Rainbow, RAdam),
+# at f48b27c: 13 files.
+FIRST_SIGHT_PLAIN_8 = HERE / "first_sight_plain_8.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -75,6 +78,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_5,
     FIRST_SIGHT_PLAIN_6,
     FIRST_SIGHT_PLAIN_7,
+    FIRST_SIGHT_PLAIN_8,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
