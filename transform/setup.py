@@ -1063,6 +1063,7 @@ def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
     """``trainer = Trainer(model, optimizer)`` before ``prepare()``: the instance would keep the
     bare objects, whatever prepare() returns afterwards."""
     keys = set(setup.keys)
+    trains = _trains(a)
     for call, where in a.calls:
         if where is not setup.scope or setup.timeline.after(point, call):
             continue
@@ -1076,7 +1077,7 @@ def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
                     "prepare() can wrap them, and would keep the bare objects; build it after "
                     "them",
                 )
-        elif (loader := _kept_view(a, call)) in setup.loaders:
+        elif (loader := _kept_view(a, call, trains)) in setup.loaders:
             raise Refused(
                 call,
                 BUILD_ORDER,
@@ -1086,10 +1087,21 @@ def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
             )
 
 
-def _kept_view(a: Analysis, call: cst.Call) -> str | None:
-    """``pbar = tqdm(loader)``, ``batches = iter(loader)``: a name kept over a loader, which
-    the training walks later."""
-    if not isinstance(a.parent(call), cst.Assign) or loop_iterable(call) is call:
+def _kept_view(a: Analysis, call: cst.Call, trains: set[Scope]) -> str | None:
+    """The loader of ``pbar = tqdm(loader)`` or ``batches = iter(loader)`` when the training
+    walks that name later (a loop over it, or ``next()`` of it in a loop that trains); not a
+    batch drawn once to look at (``images, labels = next(iter(loader))``)."""
+    assign = a.parent(call)
+    if not isinstance(assign, cst.Assign) or loop_iterable(call) is call:
+        return None
+    name = key_of(assign.targets[0].target)
+    walks = any(
+        isinstance(lp.node, cst.For)
+        and key_of(loop_iterable(lp.node.iter, a.through)) == name
+        and _loop_trains(a, lp, trains)
+        for lp in a.loops
+    )
+    if name is None or not (walks or _next_in_training(a, call, trains)):
         return None
     return key_of(loop_iterable(call))
 
