@@ -175,8 +175,9 @@ def _prepared(plan: Plan, scope: Scope, expr: cst.BaseExpression, models: set[st
 
 def rank_safe(plan: Plan, statement: cst.CSTNode) -> bool:
     """Whether every process reaches ``statement`` alike: no condition on the way there reads a
-    value computed inside a loop (a batch's loss, a shard's count), here or at the calls into
-    its function."""
+    value computed inside a loop (a batch's loss, a shard's count), and no ``except`` handler
+    (only the processes that raised, each at its own point, reach it), here or at the calls
+    into its function."""
     a = plan.analysis
     setup = plan.setup
     nodes = [statement]
@@ -192,6 +193,8 @@ def _conditions_safe(a: Analysis, node: cst.CSTNode) -> bool:
     looped = _loop_bound(a, scope) if scope is not None else set()
     current = a.parent(node)
     while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        if isinstance(current, cst.ExceptHandler):
+            return False
         test = current.test if isinstance(current, cst.If | cst.While) else None
         if test is not None and any(n.value in looped for n in names_in(test)):
             return False
