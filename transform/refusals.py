@@ -211,7 +211,8 @@ BUILD_ORDER = Refusal(
     "the objects are built in an order prepare() cannot fit",
     "`prepare()` goes right after the last training object is built and before anything "
     "uses them. An object rebuilt after training started, a model rebound to what a training "
-    "function returns, an object handed to a `Trainer` before `prepare()` can wrap it, or an "
+    "function returns, an object handed to a `Trainer` or a progress bar or iterator the "
+    "training walks (`pbar = tqdm(loader)`) made before `prepare()` can wrap it, or an "
     "`Accelerator(...)` argument set only after the objects need the accelerator leaves no "
     "such point.",
     "trainer = Trainer(model, optimizer)  # keeps the bare objects\n"
