@@ -535,8 +535,10 @@ def _read_iterable(
     then ``for i, batch in loop:`` or ``in enumerate(loop)``)."""
     node = loop.node
     assert isinstance(node, cst.For)
+    # What the target unpacks: the bound wrapper when the loop walks its name, else the loop's
+    # own iterable (``enumerate(pbar)`` of ``pbar = tqdm(loader)``); what it walks: the loader.
     walked = written if written is not None and isinstance(node.iter, cst.Name) else node.iter
-    iterable = loop_iterable(written if written is not None else walked, through)
+    iterable = loop_iterable(written if written is not None else node.iter, through)
     batch_target = node.target
     if (
         walked is not iterable

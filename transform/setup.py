@@ -1060,8 +1060,8 @@ def _built_with_training(a: Analysis, build: Binding, top: cst.CSTNode) -> Refus
 
 
 def _refuse_kept_early(a: Analysis, setup: Setup, point: Point) -> None:
-    """``trainer = Trainer(model, optimizer)`` before ``prepare()``: the instance would keep the
-    bare objects, whatever prepare() returns afterwards."""
+    """``trainer = Trainer(model, optimizer)`` or ``pbar = tqdm(loader)`` before ``prepare()``:
+    the instance or the bar would keep the bare objects, whatever prepare() returns afterwards."""
     keys = set(setup.keys)
     trains = _trains(a)
     for call, where in a.calls:
