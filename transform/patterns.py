@@ -244,6 +244,19 @@ def target_names(target: cst.BaseExpression) -> Iterator[str]:
         yield name
 
 
+def unpacked(assign: cst.Assign) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
+    """``a, b = x, y``: each target with the value it gets; None for any other assignment
+    (several targets, a value that is no tuple, a starred element, lengths that differ)."""
+    target, value = assign.targets[0].target, assign.value
+    if len(assign.targets) != 1 or not isinstance(target, cst.Tuple | cst.List):
+        return None
+    if not isinstance(value, cst.Tuple) or len(target.elements) != len(value.elements):
+        return None
+    if any(isinstance(e, cst.StarredElement) for e in (*target.elements, *value.elements)):
+        return None
+    return [(t.value, v.value) for t, v in zip(target.elements, value.elements, strict=True)]
+
+
 def dotted_name(node: cst.BaseExpression) -> str | None:
     """``a.b.c`` for a Name/Attribute chain, else None (calls, subscripts, ...)."""
     if isinstance(node, cst.Name):

@@ -38,6 +38,7 @@ from accelify.transform.patterns import (
     method_call,
     random_draw,
     target_names,
+    unpacked,
     unseeded_split,
 )
 from accelify.transform.plan import Plan
@@ -410,14 +411,7 @@ def _paired(
     assert node.value is not None
     if not isinstance(node, cst.Assign):
         return [(node.target, node.value)]
-    (first, *others), value = node.targets, node.value
-    target = first.target
-    if not others and isinstance(target, cst.Tuple | cst.List) and isinstance(value, cst.Tuple):
-        names, values = target.elements, value.elements
-        plain = not any(isinstance(e, cst.StarredElement) for e in (*names, *values))
-        if plain and len(names) == len(values):
-            return [(n.value, e.value) for n, e in zip(names, values, strict=True)]
-    return [(t.target, value) for t in node.targets]
+    return unpacked(node) or [(t.target, node.value) for t in node.targets]
 
 
 def _sized_apart(v: Values, place: tuple[int, str]) -> bool:

@@ -23,6 +23,7 @@ from accelify.transform.patterns import (
     keyword_arg,
     method_call,
     target_names,
+    unpacked,
 )
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import HAND_PICKED_DEVICE
@@ -317,14 +318,12 @@ def _is_tuple_of_moves(a: Analysis, element: cst.CSTNode | None, move: cst.Call)
     and only moves it (a cast stays)."""
     tup = a.parent(element) if isinstance(element, cst.Element) else None
     assign = a.parent(tup) if isinstance(tup, cst.Tuple) else None
-    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+    pairs = unpacked(assign) if isinstance(assign, cst.Assign) else None
+    if pairs is None:
         return False
-    target = assign.targets[0].target
-    if not isinstance(target, cst.Tuple) or len(target.elements) != len(tup.elements):  # type: ignore[union-attr]
-        return False
-    for t, v in zip(target.elements, tup.elements, strict=True):  # type: ignore[union-attr]
-        inner = device_move(v.value, a)
-        if inner is None or key_of(inner.func.value) != key_of(t.value):  # type: ignore[union-attr]
+    for target, value in pairs:
+        inner = device_move(value, a)
+        if inner is None or key_of(inner.func.value) != key_of(target):  # type: ignore[union-attr]
             return False
         if _besides_device(inner):
             return False

@@ -29,6 +29,7 @@ from accelify.transform.patterns import (
     constructor_role,
     dotted_name,
     method_call,
+    unpacked,
 )
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import HAND_PICKED_DEVICE, UNTRACKED_USE
@@ -553,17 +554,11 @@ def _contained(
 ) -> tuple[cst.CSTNode, str] | None:
     container = a.parent(element)
     holder = a.parent(container) if container is not None else None
-    if (
-        isinstance(container, cst.Tuple)
-        and isinstance(holder, cst.Assign)
-        and holder.value is container
-        and len(holder.targets) == 1
-        and isinstance(target := holder.targets[0].target, cst.Tuple | cst.List)
-        and len(target.elements) == len(container.elements)
-        and not any(isinstance(e, cst.StarredElement) for e in container.elements)
-    ):  # ``a, b = model, optimizer``: each target is an alias of its own value
-        at = list(container.elements).index(element)  # type: ignore[arg-type]
-        return _aliased(a, setup, use, holder, target.elements[at].value)
+    pairs = unpacked(holder) if isinstance(holder, cst.Assign) else None
+    if pairs is not None and holder.value is container:  # type: ignore[union-attr]
+        # ``a, b = model, optimizer``: each target is an alias of its own value
+        at = list(container.elements).index(element)  # type: ignore[union-attr,arg-type]
+        return _aliased(a, setup, use, holder, pairs[at][0])  # type: ignore[arg-type]
     if isinstance(holder, cst.Return):
         return _unaccounted(a, setup, _Use(container, use.scope, use.key, use.role, use.bare))  # type: ignore[arg-type]
     kind = type(container).__name__.lower() if container is not None else "container"
