@@ -125,9 +125,7 @@ def _sides(
 def _named_at_run_time(a: Analysis, binding: Binding) -> cst.BaseExpression | None:
     """``args.device`` of ``device = torch.device(args.device)``: a device named by a string
     the run picks (``--device cpu``), which asks for the CPU when it says "cpu"."""
-    value = binding.value
-    if isinstance(value, cst.Call) and len(value.args) == 1 and device_call(value.func, a.names):
-        value = value.args[0].value
+    value = _named(a, binding.value)  # type: ignore[arg-type]
     if isinstance(value, cst.Attribute) and dotted_name(value) is not None:
         return value
     return None
@@ -135,9 +133,15 @@ def _named_at_run_time(a: Analysis, binding: Binding) -> cst.BaseExpression | No
 
 def _is_cpu(a: Analysis, value: cst.BaseExpression) -> bool:
     """``"cpu"`` or ``torch.device("cpu")``."""
-    if isinstance(value, cst.Call) and len(value.args) == 1 and device_call(value.func, a.names):
-        value = value.args[0].value
+    value = _named(a, value)
     return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
+
+
+def _named(a: Analysis, value: cst.BaseExpression) -> cst.BaseExpression:
+    """What names the device: ``x`` of ``torch.device(x)``, or the value itself."""
+    if isinstance(value, cst.Call) and len(value.args) == 1 and device_call(value.func, a.names):
+        return value.args[0].value
+    return value
 
 
 def _availability_only(a: Analysis, expr: cst.BaseExpression, scope: Scope) -> bool:
