@@ -898,16 +898,26 @@ def call_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
         callee = a.callee(call)
         if callee is None or isinstance(callee.node, cst.Module):
             continue
-        params = callee.params
-        if callee.cls is not None and params and params[0] == "self":
-            params = params[1:]
-        for i, arg in enumerate(call.args):
-            if arg.star or (key := key_of(arg.value)) is None:
-                continue
-            if arg.keyword is not None:
-                yield scope, key, callee, arg.keyword.value
-            elif i < len(params):
-                yield scope, key, callee, params[i]
+        for param, value in arguments(call, callee):
+            if (key := key_of(value)) is not None:
+                yield scope, key, callee, param
+
+
+def arguments(call: cst.Call, callee: Scope) -> Iterator[tuple[str, cst.BaseExpression]]:
+    """(parameter, argument) for what ``call`` gives the function ``callee``, by position (a
+    method's ``self`` skipped) or by keyword. Where a ``*args`` lands is unknown, so the
+    positions after one give nothing."""
+    params = callee.params
+    if callee.cls is not None and params and params[0] == "self":
+        params = params[1:]
+    positional = True
+    for i, arg in enumerate(call.args):
+        if arg.star:
+            positional = False
+        elif arg.keyword is not None:
+            yield arg.keyword.value, arg.value
+        elif positional and i < len(params):
+            yield params[i], arg.value
 
 
 def attribute_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
@@ -932,7 +942,7 @@ def alias_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
     object, so a role either has is the other's too."""
     counts: dict[tuple[int, str], list[Binding]] = {}
     for b in a.bindings:
-        if not b.key.startswith("self."):
+        if not b.key.startswith("self.") and not moved_itself(b):
             counts.setdefault((id(b.scope), b.key), []).append(b)
     for (_scope, key), found in counts.items():
         b = found[0]
@@ -940,6 +950,16 @@ def alias_links(a: Analysis) -> Iterator[tuple[Scope, str, Scope, str]]:
         name = key_of(value) if value is not None else None
         if len(found) == 1 and name is not None and name != key and not name.startswith("self."):
             yield b.scope, key, b.scope, name
+
+
+def moved_itself(b: Binding) -> bool:
+    """``model = model.to(x)`` / ``model = model.cuda()``: the same object, moved (a module's
+    ``.to`` moves it in place and returns it), so no new binding of the name."""
+    return (
+        b.value is not None
+        and unwrap_moves(b.value) is not b.value
+        and key_of(unwrap_moves(b.value)) == b.key
+    )
 
 
 def return_links(a: Analysis, give: _RoleGiver) -> Iterator[tuple[Scope, str, Scope, str]]:

@@ -121,6 +121,15 @@ DISK_WRITER_METHODS = frozenset({"savefig", "to_csv"})
 LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "log", "exception"})
 
 
+def shows(call: cst.Call) -> bool:
+    """``print(...)`` or a logger's method (``.info(...)``, ``.warning(...)``): it shows its
+    arguments and does nothing else with them."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value == "print"
+    return isinstance(func, cst.Attribute) and func.attr.value in LOG_METHODS
+
+
 _DEVICE_TYPES = frozenset({"cuda", "cpu", "mps", "xpu"})
 _DEVICE_CALLS = frozenset(
     {"torch.device", "device", "torch.accelerator.current_accelerator", "current_accelerator"}

@@ -7,10 +7,12 @@ function it is given), whether the wrapped model is the tutorial's second name
 (``model_without_ddp``, optimized and saved through it, wrapped only on several processes),
 whether its ``DistributedSampler`` shuffles, whether it reaches the loader straight or through a
 ``BatchSampler`` (DETR's ``batch_sampler=``), whether it saves a checkpoint under a rank guard
-every epoch, whether it all-reduces its loss sum, and whether it accumulates gradients over two
-batches, skipping DDP's sync of the first under ``no_sync()`` or with nanoGPT's
-``require_backward_grad_sync`` switch, and whether it names its backend or looks it up for its
-device (``dist.get_default_backend_for_device``, as pytorch/examples' DDP scripts do now).
+every epoch (or through a function that unwraps what it is handed with ``model.module if
+hasattr(model, "module") else model``), whether it all-reduces its loss sum, and whether it
+accumulates gradients over two batches, skipping DDP's sync of the first under ``no_sync()``
+or with nanoGPT's ``require_backward_grad_sync`` switch, and whether it names its backend or
+looks it up for its device (``dist.get_default_backend_for_device``, as pytorch/examples' DDP
+scripts do now).
 Each script writes, from rank 0, what it did: optimizer steps, samples seen by that rank, the
 last epoch's mean loss, the final weights and their loss on the whole dataset (to
 ``$DDP_OUT/result.pt``).
@@ -48,7 +50,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "wrap": ("inline", "ddp_model", "without_ddp"),
     "shuffle": ("False", "True"),
     "batching": ("loader", "batch_sampler"),
-    "save": ("none", "guarded"),
+    "save": ("none", "guarded", "helper"),
     "reduce": ("none", "all_reduce"),
     "accumulate": ("none", "no_sync", "toggle"),
     "backend": ("literal", "lookup"),
@@ -148,6 +150,17 @@ _REDUCE = "        dist.all_reduce(total)\n        total = total / world_size\n"
 _SAVE = """        if rank == 0:
             torch.save(model.module.state_dict(), os.path.join(os.environ["DDP_OUT"], "epoch.pt"))
 """
+_SAVE_BY_HELPER = """        if rank == 0:
+            save_checkpoint(model, os.path.join(os.environ["DDP_OUT"], "epoch.pt"))
+"""
+# Research code's unwrap in a function every call hands the wrapped model (FixMatch's shape).
+_SAVE_HELPER = """def save_checkpoint(model, path):
+    model_to_save = model.module if hasattr(model, "module") else model
+    torch.save(model_to_save.state_dict(), path)
+
+
+"""
+_SAVES = {"none": "", "guarded": _SAVE, "helper": _SAVE_BY_HELPER}
 
 
 def variants() -> list[dict[str, str]]:
@@ -181,7 +194,7 @@ def render(choice: dict[str, str]) -> str:
         shuffle=choice["shuffle"],
         step=_STEPS[choice["accumulate"]],
         reduce=_REDUCE if choice["reduce"] == "all_reduce" else "",
-        save=_SAVE if choice["save"] == "guarded" else "",
+        save=_SAVES[choice["save"]],
     )
     if choice["batching"] == "batch_sampler":
         body = body.replace(
@@ -200,7 +213,8 @@ def render(choice: dict[str, str]) -> str:
     setup = _SPAWN_SETUP if spawned else _TORCHRUN_SETUP
     if choice["backend"] == "lookup":
         setup = setup.replace('dist.init_process_group("gloo"', _LOOKUP)
-    return _HEADER + setup + body + _STARTS[choice["launch"]]
+    helper = _SAVE_HELPER if choice["save"] == "helper" else ""
+    return _HEADER + helper + setup + body + _STARTS[choice["launch"]]
 
 
 def spawns(choice: dict[str, str]) -> bool:

@@ -31,7 +31,7 @@ SAMPLE = [
     {"launch": "torchrun", "wrap": "inline", "shuffle": "False", "save": "guarded",
      "reduce": "all_reduce"},
     {"launch": "spawn", "wrap": "ddp_model", "shuffle": "False", "save": "none", "reduce": "none"},
-    {"launch": "tutorial", "wrap": "ddp_model", "shuffle": "True", "save": "none",
+    {"launch": "tutorial", "wrap": "ddp_model", "shuffle": "True", "save": "helper",
      "reduce": "all_reduce"},
     {"launch": "tutorial", "wrap": "without_ddp", "shuffle": "True", "save": "guarded",
      "reduce": "none"},

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelify.transform.analysis import Binding
+from accelify.transform.analysis import Binding, arguments
 from accelify.transform.distributed.context import Rewrite
 from accelify.transform.names import Names
 from accelify.transform.neighbours import process_query
@@ -123,13 +123,8 @@ def _parameters(r: Rewrite) -> None:
         callee = a.callee(call)
         if callee is None or any(arg.star for arg in call.args):
             continue
-        params = callee.params[1:] if callee.cls is not None else callee.params
-        for i, arg in enumerate(call.args):
-            name = arg.keyword.value if arg.keyword is not None else None
-            if name is None and i >= len(params):
-                break
-            param = name or params[i]
-            passed.setdefault((id(callee.node), param), set()).add(kind_of(r, arg.value))
+        for param, value in arguments(call, callee):
+            passed.setdefault((id(callee.node), param), set()).add(kind_of(r, value))
     for key, kinds in passed.items():
         if len(kinds) == 1 and None not in kinds and key not in r.ranks:
             r.ranks[key] = kinds.pop()  # type: ignore[assignment]

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of, unwrap_moves
+from accelify.transform.analysis import Analysis, Scope, arguments, key_of, unwrap_moves
 from accelify.transform.distributed.context import Rewrite
-from accelify.transform.patterns import LOG_METHODS, dotted_name, placeholder, runs_as_script
+from accelify.transform.patterns import dotted_name, placeholder, runs_as_script, shows
 from accelify.transform.refusals import DDP_WRAPPER
 from accelify.transform.walk import nodes
 
@@ -104,6 +104,7 @@ def unwrap_ddp(r: Rewrite) -> None:
         else:
             r.edits.replace(call, lambda _node, m=model: m)
         r.changed(call, "DistributedDataParallel removed: prepare() wraps the model")
+    _handed_on(r)
     for attribute in nodes(a.module, cst.Attribute):
         if attribute.attr.value != "module":  # type: ignore[attr-defined]
             continue
@@ -121,6 +122,50 @@ def unwrap_ddp(r: Rewrite) -> None:
             either or attribute,
             lambda _node, m=attribute.value: cst.Call(placeholder("unwrap_model"), [cst.Arg(m)]),  # type: ignore[attr-defined]
         )
+
+
+def _handed_on(r: Rewrite) -> None:
+    """A parameter that every call of its function hands a wrapped model (``train(args, model,
+    ...)`` given the DDP model, FixMatch's ``model.module if hasattr(model, "module") else
+    model`` inside) holds it too; so do the parameters it is handed on to. A function also named
+    other than as a call's callee (``mp.spawn(train, ...)``, a callback) may get anything, and
+    one call that gives something else, or leaves the parameter to its default, is enough to
+    leave the parameter out. Nor is one the function rebinds followed."""
+    a = r.analysis
+    calls: dict[int, tuple[Scope, list[cst.Call]]] = {}
+    for call, _scope in a.calls:
+        callee = a.callee(call)
+        if callee is not None and not callee.is_module:
+            calls.setdefault(id(callee.node), (callee, []))[1].append(call)
+    followed = [
+        (callee, found) for callee, found in calls.values() if _only_called(a, callee, len(found))
+    ]
+    grown = True
+    while grown:
+        grown = False
+        for callee, found in followed:
+            for param in callee.params:
+                key = (id(callee.node), param)
+                if key in r.wrapped or any(
+                    b.scope is callee and b.key == param for b in a.bindings
+                ):
+                    continue
+                if all(
+                    any(p == param and r.is_wrapped(v) for p, v in arguments(c, callee))
+                    for c in found
+                ):
+                    r.wrapped.add(key)
+                    grown = True
+
+
+def _only_called(a: Analysis, function: Scope, calls: int) -> bool:
+    """Whether the function's name appears in the file only as the callee of its ``calls``."""
+    name = function.name
+    attributes = [n for n in nodes(a.module, cst.Attribute) if n.attr.value == name]  # type: ignore[attr-defined]
+    if function.cls is not None:
+        return len(attributes) == calls
+    named = [n for n in nodes(a.module, cst.Name) if n.value == name]  # type: ignore[attr-defined]
+    return len(named) - len(attributes) == calls + 1  # and its own ``def``
 
 
 def _assigning(a: Analysis, call: cst.Call) -> cst.Assign | None:
@@ -161,7 +206,15 @@ def _optional_branch(
     a = r.analysis
     block = a.parent(line) if line is not None else None
     branch = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not isinstance(branch, cst.If) or branch.orelse is not None or runs_as_script(branch):
+    if isinstance(branch, cst.If) and branch.orelse is not None:
+        raise r.refuse(
+            call,
+            DDP_WRAPPER,
+            f"DataParallel wraps the model under an `if` whose `else` (line "
+            f"{a.line(branch.orelse)}) takes another path, which dropping the wrapper would "
+            "have to account for",
+        )
+    if not isinstance(branch, cst.If) or runs_as_script(branch):
         raise r.refuse(
             call,
             DDP_WRAPPER,
@@ -213,7 +266,7 @@ def _gpu_count_read(a: Analysis) -> cst.Call | None:
             and any(wrapper_of(a, c) == WRAPPERS[1] for c in nodes(branch.body, cst.Call))  # type: ignore[arg-type]
         ):
             continue
-        if not any(_shows(outer) for outer in _calls_around(a, call)):
+        if not any(shows(outer) for outer in _calls_around(a, call)):
             return call  # type: ignore[return-value]
     return None
 
@@ -224,14 +277,6 @@ def _calls_around(a: Analysis, node: cst.CSTNode) -> Iterator[cst.Call]:
     while outer is not None:
         yield outer  # type: ignore[misc]
         outer = a.enclosing(outer, (cst.Call,))
-
-
-def _shows(call: cst.Call) -> bool:
-    """``print(...)`` or a logger's method (``.info(...)``, ``.warning(...)``)."""
-    func = call.func
-    if isinstance(func, cst.Name):
-        return func.value == "print"
-    return isinstance(func, cst.Attribute) and func.attr.value in LOG_METHODS
 
 
 def _sets_a_backend_flag(statement: cst.BaseStatement) -> bool:
