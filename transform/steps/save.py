@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, names_in
-from accelify.transform.patterns import dotted_name, target_names
+from accelify.transform.patterns import dotted_name, shows, target_names
 from accelify.transform.plan import Plan
 from accelify.transform.setup import origins
 
@@ -24,7 +24,7 @@ def save(plan: Plan) -> None:
         return
     a = plan.analysis
     models = set(setup.models(a))
-    saved_at: list[cst.CSTNode] = []
+    saved_at: list[cst.Call] = []
     waited: set[int] = set()  # saves a wait_for_everyone() runs just before
     for call, scope in plan.training_calls():
         if not a.names.refers_to(call.func, ("torch",), "save") or len(call.args) < 2:
@@ -49,11 +49,7 @@ def save(plan: Plan) -> None:
             plan.changed(call, "torch.save -> accelerator.save (main process only)")
             continue
         if _wait_before(plan, statement, waited):  # type: ignore[arg-type]
-            wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")
-            # Blank lines and comments above the save now sit above the pair.
-            wait = wait.with_changes(leading_lines=statement.leading_lines)  # type: ignore[union-attr]
-            plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
-            plan.edits.replace(statement, lambda node: node.with_changes(leading_lines=()))  # type: ignore[arg-type]
+            _wait(plan, statement, accelerator)  # type: ignore[arg-type]
         plan.changed(call, "torch.save -> accelerator.save of the unwrapped model")
     saved_at += _save_pretrained(plan, models, waited)
     if saved_at:
@@ -84,12 +80,12 @@ def _does_nothing(statement: cst.BaseStatement) -> bool:
     )
 
 
-def _save_pretrained(plan: Plan, models: set[str], waited: set[int]) -> list[cst.CSTNode]:
+def _save_pretrained(plan: Plan, models: set[str], waited: set[int]) -> list[cst.Call]:
     """``model.save_pretrained(path)`` of a prepared model (unwrapped by the unwrap step) writes
     on the main process only, through the accelerator, once every process is done (HF's own
     form)."""
     a = plan.analysis
-    saved: list[cst.CSTNode] = []
+    saved: list[cst.Call] = []
     for call, scope in plan.training_calls():
         func = call.func
         if not isinstance(func, cst.Attribute) or func.attr.value != "save_pretrained":
@@ -134,27 +130,52 @@ def _with_args(call: cst.Call, extra: list[cst.Arg]) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _wait_before_loads(plan: Plan, saves: list[cst.CSTNode]) -> None:
+def _wait_before_loads(plan: Plan, saves: list[cst.Call]) -> None:
     """Only the main process writes now: a ``torch.load`` or ``from_pretrained`` after the save
-    waits until it has."""
+    waits until it has, and so does a call handed the name of the path it wrote
+    (``evaluate(model_path, ...)`` from another module, which reads the file on every process)."""
     a = plan.analysis
     first = min(a.line(n) for n in _anchors(plan, saves[0]))
+    paths = {key_of(path) for path in map(_written, saves)} - {None}
+    waited: set[int] = set()
     for call, _scope in plan.training_calls():
         loads = a.names.refers_to(call.func, ("torch",), "load")
-        if not loads and a.names.last_part(call.func) != "from_pretrained":
+        handed = (
+            call not in saves
+            and not shows(call)
+            and any(key_of(arg.value) in paths for arg in call.args)
+        )
+        if not (loads or handed or a.names.last_part(call.func) == "from_pretrained"):
             continue
         if min((a.line(n) for n in _anchors(plan, call)), default=0) <= first:
             continue
         statement = a.statement_of(call)
+        if id(statement) in waited:
+            continue
+        waited.add(id(statement))
         accelerator = plan.accelerator(call)
         if not rank_safe(plan, statement):  # type: ignore[arg-type]
             plan.needs_human(
                 call, "other processes may read this file before the main process wrote it"
             )
             continue
-        wait = plan.statement(f"{a.module.code_for_node(accelerator)}.wait_for_everyone()\n")  # type: ignore[arg-type]
-        plan.edits.insert_before(statement, wait)  # type: ignore[arg-type]
+        _wait(plan, statement, accelerator)  # type: ignore[arg-type]
         plan.changed(call, "waits for the main process to finish writing before loading")
+
+
+def _wait(plan: Plan, statement: cst.BaseStatement, accelerator: cst.BaseExpression) -> None:
+    """``accelerator.wait_for_everyone()`` just before ``statement``, which gives it the blank
+    lines and comments above it: they now sit above the pair."""
+    code = plan.analysis.module.code_for_node(accelerator)
+    wait = plan.statement(f"{code}.wait_for_everyone()\n")
+    wait = wait.with_changes(leading_lines=getattr(statement, "leading_lines", ()))
+    plan.edits.insert_before(statement, wait)
+    plan.edits.replace(statement, lambda node: node.with_changes(leading_lines=()))
+
+
+def _written(save: cst.Call) -> cst.BaseExpression:
+    """Where a save writes: ``torch.save(obj, path)``, ``model.save_pretrained(path)``."""
+    return save.args[0 if len(save.args) == 1 or save.args[0].keyword else 1].value
 
 
 def _anchors(plan: Plan, node: cst.CSTNode) -> list[cst.CSTNode]:
