@@ -240,8 +240,10 @@ HAND_PICKED_DEVICE = Refusal(
     "the script picks a GPU or a device itself",
     "The accelerator gives each process its own device. `torch.cuda.set_device(...)`, "
     "`.cuda(index)`, a model moved off its device while training goes on, a batch read with "
-    "`.numpy()` as if it were on the CPU, or a device chosen again among other statements "
-    "would put tensors on devices the accelerator did not pick.",
+    "`.numpy()` as if it were on the CPU, a device chosen again among other statements, or "
+    "moves that stay reading a flag (`t.to(args.device)`) the model's own move read, while "
+    "prepare() now places the model, would put tensors on devices the accelerator did not "
+    "pick.",
     "torch.cuda.set_device(args.gpu)\nmodel = Net().cuda(args.gpu)",
     "Drop the hand-picked device: use `accelerator.device`, `.cpu()` before `.numpy()`, and "
     "`accelerator.unwrap_model(model).state_dict()` instead of moving the model to save it.",
@@ -355,7 +357,9 @@ DDP_WRAPPER = Refusal(
     "models or without an Accelerate equivalent, or a `.module` of a model the rewrite cannot "
     "follow, cannot. `nn.DataParallel` goes too where it wraps the model only in an `if` whose "
     "other runs train the bare model; one on every path (whose forward may rely on each GPU's "
-    "share of the batch) or splitting the batch along another `dim=` cannot. A file that "
+    "share of the batch), one under an `if` whose `else` does something else, or splitting the "
+    "batch along another `dim=` cannot. A `.module` in a function is followed where every call "
+    "of the function hands it a wrapped model. A file that "
     "wraps a model in `DataParallel` but never calls backward (a predictor class, an "
     "evaluation script) is not refused: it has nothing to convert.",
     "model = DDP(model, [rank], None, True)",

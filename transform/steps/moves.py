@@ -73,12 +73,15 @@ def moves(plan: Plan) -> None:
     models = set(setup.models(a))
     travelling = _moved_elsewhere(plan, models)
     early = _run_before_prepare(plan, models)
+    placed: list[cst.Call] = []  # the model's moves, now the accelerator's to make
+    kept: list[cst.Call] = []
     for call, scope in plan.training_calls():
         move = device_move(call, a)
         if move is None:
             continue
         receiver = _receiver_key(move.func.value)  # type: ignore[union-attr]
         if receiver is not None and _prepared_model(plan, scope, receiver, move, models):
+            placed.append(move)
             found = origins(a, setup.scope, scope, receiver)
             if found & early:
                 _place_model_move(plan, move, receiver)
@@ -87,14 +90,62 @@ def moves(plan: Plan) -> None:
         elif receiver is not None and _is_batch(plan, move, receiver):
             _drop_batch_move(plan, move, receiver)
         elif (built := _model_built(plan, move, models)) is not None:
+            placed.append(move)
             if built & early:
                 _place_model_move(plan, move, ", ".join(sorted(built & early)))
             else:
                 plan.edits.replace(move, without_move)  # Net().to(device)
                 plan.changed(move, "model placement left to prepare()")
+        else:
+            kept.append(move)
     for loop in a.loops:
         if loop.scope in plan.training and prepared_loop(plan, loop):
             _drop_comprehension_moves(plan, loop)
+    _refuse_a_flag_beside_the_accelerator(plan, placed, kept)
+
+
+def _refuse_a_flag_beside_the_accelerator(
+    plan: Plan, placed: list[cst.Call], kept: list[cst.Call]
+) -> None:
+    """makemore's ``model.to(args.device)`` with ``--device cpu`` by default: the model now goes
+    where the accelerator puts it, a GPU wherever there is one, while the moves that stay
+    (``t.to(args.device)`` of batches no prepared loader gives) still follow the flag, to the CPU
+    or to ``cuda:2``. A device held in a name (``device = torch.device(args.device)``) becomes
+    the accelerator's and every move follows it; one read from an object's attribute each time
+    cannot, so the setup is refused where a kept move reads it."""
+    a = plan.analysis
+    code = a.module.code_for_node
+    flags = {code(d) for m in placed if (d := _device_of(m)) is not None and _a_flag(d)}
+    for move in kept:
+        device = _device_of(move)
+        statement = a.statement_of(move)
+        if device is None or code(device) not in flags or plan.edits.is_removed(statement):  # type: ignore[arg-type]
+            continue
+        raise Refused(
+            move,
+            HAND_PICKED_DEVICE,
+            f"this move follows {code(device)}, as the model's did; prepare() now puts the "
+            "model on the accelerator's device, which the flag does not choose (--device cpu "
+            f"on a machine with a GPU, or cuda:2): bind device = torch.device({code(device)}) "
+            "once, move to it, and convert again",
+        )
+
+
+def _device_of(move: cst.Call) -> cst.BaseExpression | None:
+    """The device a ``.to(...)`` names (None for ``.cuda()``)."""
+    if move.func.attr.value == "cuda":  # type: ignore[union-attr]
+        return None
+    first = move.args[0]
+    if first.keyword is not None and first.keyword.value != "device":
+        first = keyword_arg(move, "device")  # type: ignore[assignment]
+    return first.value
+
+
+def _a_flag(device: cst.BaseExpression) -> bool:
+    """``args.device``, ``cfg.train.device``: an object's attribute, not this class's own
+    (``self.device``) nor the accelerator's."""
+    name = dotted_name(device) if isinstance(device, cst.Attribute) else None
+    return name is not None and name.split(".")[0] not in {"self", "accelerator"}
 
 
 def _prepared_model(
