@@ -24,6 +24,7 @@ from accelify.transform.analysis import (
     call_links,
     key_of,
     loop_iterable,
+    moved_itself,
     names_in,
     optimized_models,
     returned_values,
@@ -206,15 +207,6 @@ def _candidate_scopes(a: Analysis) -> list[Scope]:
         if Role.OPTIMIZER in roles and has_model and reachable(a, scope) & trains:
             found.append(scope)
     return found
-
-
-def _moved_itself(b: Binding) -> bool:
-    """``model = model.to(x)`` / ``model.cuda()``: the same object, moved."""
-    return (
-        b.value is not None
-        and unwrap_moves(b.value) is not b.value
-        and key_of(unwrap_moves(b.value)) == b.key
-    )
 
 
 def _handed_over(a: Analysis, b: Binding) -> bool:
@@ -987,7 +979,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     index = 0
     for b in setup.prepared:
         for build in (x for x in a.bindings if x.scope is setup.scope and x.key == b.key):
-            if _moved_itself(build):
+            if moved_itself(build):
                 continue  # ``model = model.to("cpu")``: a move hands back the object it moved
             top = timeline.top_in(block, build.node)
             if top is None:

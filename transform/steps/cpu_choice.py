@@ -25,6 +25,7 @@ from accelify.transform.patterns import (
 )
 from accelify.transform.plan import Plan
 from accelify.transform.steps.device import device_chain
+from accelify.transform.walk import nodes
 
 
 def cpu_choice(plan: Plan) -> None:
@@ -63,8 +64,9 @@ def cpu_choice(plan: Plan) -> None:
 
 
 def _moved_under_a_switch(plan: Plan) -> None:
-    """``if args.cuda: model.cuda()`` (with the batches' own moves beside it), and no device
-    named: the switch decides between the GPU and the CPU, so ``cpu=not args.cuda``."""
+    """``if args.cuda: model.cuda()`` or ``net = net.cuda()`` (with the batches' own moves
+    beside it), and no device named: the switch decides between the GPU and the CPU, so
+    ``cpu=not args.cuda``."""
     a = plan.analysis
     setup = plan.setup
     assert setup is not None
@@ -76,16 +78,35 @@ def _moved_under_a_switch(plan: Plan) -> None:
             or receiver is None
             or key_of(receiver) not in models
             or scope is not setup.scope
-            or not isinstance(a.parent(call), cst.Expr)
+            or not _alone(a, call, receiver)
         ):
             continue
         switch = a.enclosing(call, cst.If)
         if switch is None or switch.orelse is not None or a.scope_of.get(id(switch)) is not scope:  # type: ignore[attr-defined]
             return
         test = switch.test  # type: ignore[attr-defined]
-        if not _availability_only(a, test, scope):
+        if not _availability_only(a, test, scope) and not _counts_gpus(a, test):
             plan.cpu_choice = (switch, _negated(a, test))
         return
+
+
+def _counts_gpus(a: Analysis, test: cst.BaseExpression) -> bool:
+    """``if torch.cuda.device_count() > 1:``, DataParallel's test: it asks how many GPUs there
+    are to spread over, not whether to use one, so the accelerator takes the GPU where there is
+    one."""
+    return any(a.names.last_part(c.func) == "device_count" for c in nodes(test, cst.Call))  # type: ignore[attr-defined]
+
+
+def _alone(a: Analysis, call: cst.Call, receiver: cst.BaseExpression) -> bool:
+    """``model.cuda()`` as a statement, or ``model = model.cuda()``: a move and nothing else."""
+    parent = a.parent(call)
+    if isinstance(parent, cst.Expr):
+        return True
+    return (
+        isinstance(parent, cst.Assign)
+        and len(parent.targets) == 1
+        and key_of(parent.targets[0].target) == key_of(receiver)
+    )
 
 
 def _condition(a: Analysis, bindings: list[Binding]) -> tuple[cst.BaseExpression, bool] | None:
