@@ -19,11 +19,9 @@ from accelify.transform.analysis import (
     analyse,
     key_of,
     optimized_models,
-    unwrap_moves,
 )
 from accelify.transform.depth import deep_enough
 from accelify.transform.distributed import Dedistributed, dedistribute
-from accelify.transform.distributed.wrapper import WRAPPERS
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
@@ -323,10 +321,9 @@ def _explain_no_setup(plan: Plan) -> None:
     elif built := next((b for b in optimizers if isinstance(b.value, cst.Call)), None):
         there = "at module level" if built.scope.is_module else f"in {built.scope.name}()"
         why = (
-            _unknown_builder(a, built)
-            or f"the optimizer built {there} (line {a.line(built.node)}) trains a model that "
-            "scope neither builds nor is handed (a global, or built elsewhere): prepare() needs "
-            "the model and its optimizer in one place; convert by hand"
+            f"the optimizer built {there} (line {a.line(built.node)}) trains a model that scope "
+            "neither builds nor is handed (a global, or built elsewhere): prepare() needs the "
+            "model and its optimizer in one place; convert by hand"
             if scope in reachable(a, built.scope)
             else f"the training step {here} does not run from where its optimizer is built "
             f"({there}, line {a.line(built.node)}): it is reached through an object or a "
@@ -541,37 +538,6 @@ def _no_optimizer(a: Analysis) -> str:
     if any(_updates_by_hand(update) for update in updates):
         return "no optimizer steps this training (it updates its parameters by hand)"
     return _GRADIENTS_ONLY
-
-
-def _unknown_builder(a: Analysis, optimizer: Binding) -> str | None:
-    """Why the optimizer's model is not known when its scope does build it, through a call
-    that is no model class of this file (``net = ssd_net = build_ssd(...)``, a factory of
-    another module), or None. Names bound to names, or wrapped (``DataParallel(ssd_net)``),
-    are followed to where the object comes from."""
-    scope = optimizer.scope
-    wanted = sorted(optimized_models(a, scope, optimizer.value) or ())  # type: ignore[arg-type]
-    seen: set[str] = set()
-    while wanted:
-        key = wanted.pop()
-        if key in seen:
-            continue
-        seen.add(key)
-        for b in (b for b in a.bindings if b.scope is scope and b.key == key and b.value):
-            value = unwrap_moves(b.value)  # type: ignore[arg-type]
-            wraps = isinstance(value, cst.Call) and a.names.last_part(value.func) in WRAPPERS
-            given = value.args[0].value if wraps and value.args else None  # type: ignore[union-attr]
-            if key_of(value) is not None:
-                wanted.append(key_of(value))  # type: ignore[arg-type]
-            elif given is not None and key_of(given) is not None:
-                wanted.append(key_of(given))  # type: ignore[arg-type]
-            elif isinstance(value, cst.Call) and a.constructed_class(value) is None:
-                return (
-                    f"the optimizer (line {a.line(optimizer.node)}) trains {key}, which "
-                    f"{a.module.code_for_node(value.func)}(...) gives at line {a.line(b.node)}: "
-                    "accel-convert cannot tell that this call builds a model (it is no "
-                    "nn.Module class of this file); convert by hand"
-                )
-    return None
 
 
 def _takes_parameters(a: Analysis, optimizer: Binding) -> bool:
