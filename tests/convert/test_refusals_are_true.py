@@ -94,6 +94,7 @@ DRIFTS = {
     "model_in_a_dict": ("uses", "model"),
     "models_in_a_list": ("uses", "head"),
     "plateau_on_own_loss": ("lockstep", "model"),
+    "target_network_copied_before_prepare": ("uses", "actor_target"),  # each its own copy
 }
 FAILS_IN_ALL_REDUCE = {
     "stop_on_own_loss": ("lockstep", "model"),
@@ -193,6 +194,8 @@ def test_parameters_without_gradients_need_unused_parameters(
         ("sound/resumed_epoch_before_a_later_checkpoint", "net"),  # read before the loop
         ("ddp/param_groups_from_a_loop", "net"),  # prepared though no model is named in opt
         ("report/split_written_then_read", "model"),  # reads train.csv once rank 0 wrote it
+        ("sound/target_network_copied_after_one_seed", "actor_target"),  # one seed, one copy
+        ("sound/break_of_an_inner_loop", "model"),  # the break leaves the inner loop only
     ],
 )
 def test_accepted_cases_keep_replicas_equal(

@@ -24,6 +24,7 @@ from accelify.transform.neighbours import uses_only
 from accelify.transform.patterns import (
     LOG_METHODS,
     PREFIX,
+    RANK_NAMES,
     Role,
     callee_name,
     constructor_role,
@@ -41,7 +42,6 @@ from accelify.transform.walk import Visitor, walk
 READERS = frozenset(
     {"print", "len", "str", "repr", "format", "isinstance", "type", "id", "hasattr", "callable"}
 )
-# Logging methods (``logger.info(model)``): they format what they are handed.
 # Calls that walk a loader (or its batches) and keep nothing of it.
 _LOADER_READERS = frozenset({"enumerate", "iter", "next", "zip", "tqdm", "trange", "cycle", "list"})
 # What may be handed the bare module before prepare(): they read its parameters (timm's weight
@@ -73,6 +73,9 @@ _OWNERS = {
     "after prepare(), by hand)",
     "DataParallel": "nn.DataParallel replicates the module itself inside each process",
 }
+
+# What seeds torch's own stream (``torch.manual_seed``, ``set_seed``), by the called name.
+_TORCH_SEEDS = frozenset({"manual_seed", "set_seed"})
 
 
 @dataclass(frozen=True)
@@ -297,7 +300,8 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     parent = a.parent(node)
     key = use.key
     if isinstance(parent, cst.Attribute) and parent.value is node:
-        if (copy := _state_copied_before_prepare(a, use, parent)) is not None:
+        copy = _state_copied_before_prepare(a, use, parent)
+        if copy is not None and not _built_after_one_seed(a, use):
             return copy, (
                 f"{a.module.code_for_node(copy.func)}(...) copies {key}'s weights before "
                 f"prepare(), which then gives every process the main process's {key}: on the "
@@ -371,6 +375,30 @@ def _state_copied_before_prepare(
     if isinstance(load, cst.Call) and method_call(load, "load_state_dict") is not None:
         return load
     return None
+
+
+def _built_after_one_seed(a: Analysis, use: _Use) -> bool:
+    """Whether every process builds the model with the same weights: each of its bindings in
+    the scope follows, in the same block or one inside it, a seed of torch's stream with a
+    value that reads no rank (cleanrl's ``torch.manual_seed(args.seed)`` before ``actor =
+    Actor(envs)``). Then a copy of its initial weights before prepare() is the same copy on
+    every process, and prepare() gives them all the weights they already hold."""
+    bindings = [b for b in a.bindings if b.scope is use.scope and b.key == use.key]
+    seeds = [
+        a.statement_of(call)
+        for call, scope in a.calls
+        if scope is use.scope
+        and callee_name(call) in _TORCH_SEEDS
+        and call.args
+        and not any(n.value in RANK_NAMES or "rank" in n.value for n in names_in(call))
+    ]
+    return bool(bindings) and all(
+        any(
+            a.line(seed) < a.line(b.node) and a.contains(a.parent(seed), b.node)  # type: ignore[arg-type]
+            for seed in seeds
+        )
+        for b in bindings
+    )
 
 
 def _set_on_a_wrapper(a: Analysis, use: _Use, attribute: cst.Attribute) -> bool:
