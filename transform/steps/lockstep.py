@@ -291,16 +291,28 @@ def _leaving(loop: cst.For | cst.While) -> list[cst.CSTNode]:
 
 class _Leaves(Visitor):
     """The ``break``, ``continue`` and ``return`` statements of a loop body, not of the
-    functions defined in it. Defined once, at module level: the walk caches handlers per
-    visitor class, so a class made per call would be kept, with the tree it saw."""
+    functions defined in it; of a loop inside it only the ``return``s, as its own ``break``
+    (cleanrl's ``for info in infos["final_info"]: ... break``) leaves that loop alone. Defined
+    once, at module level: the walk caches handlers per visitor class, so a class made per call
+    would be kept, with the tree it saw."""
 
-    def __init__(self) -> None:
+    def __init__(self, returns_only: bool = False) -> None:
         super().__init__()
         self.found: list[cst.CSTNode] = []
+        self.returns_only = returns_only
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.Break | cst.Continue | cst.Return):
+        if isinstance(node, cst.Return) or (
+            not self.returns_only and isinstance(node, cst.Break | cst.Continue)
+        ):
             self.found.append(node)
+        if isinstance(node, cst.For | cst.While):
+            inner = _Leaves(returns_only=True)
+            walk(node.body, inner)
+            self.found += inner.found
+            if node.orelse is not None:  # ``for ... else: break`` leaves the outer loop
+                walk(node.orelse, self)
+            return False
         return not isinstance(node, cst.FunctionDef)
 
 
