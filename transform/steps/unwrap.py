@@ -68,6 +68,7 @@ def unwrap(plan: Plan) -> None:
         return
     a = plan.analysis
     models = set(setup.models(a))
+    bypassing: list[tuple[cst.Attribute, Scope, str]] = []
     for node, scope in a.attributes:
         key = key_of(node.value)
         if key is None or node.attr.value in MODULE_API | {SYNC_TOGGLE}:
@@ -91,13 +92,8 @@ def unwrap(plan: Plan) -> None:
             and not _runs_none_of_the_module(plan, found, node.attr.value)
             and (why := _not_aside(a, scope, a.parent(node))) is not None  # type: ignore[arg-type]
         ):
-            raise Refused(
-                node,
-                BARE_MODULE,
-                f"the training step calls {key}.{node.attr.value}(...), which the prepared "
-                f"(wrapped) model does not have, {why}; call {key}(...) itself or convert by "
-                "hand",
-            )
+            bypassing.append((node, scope, why))
+            continue
         accelerator = plan.accelerator(node)
         unwrapped = cst.Call(
             cst.Attribute(accelerator, cst.Name("unwrap_model")),  # type: ignore[arg-type]
@@ -107,6 +103,26 @@ def unwrap(plan: Plan) -> None:
         plan.changed(
             node, f"{key}.{node.attr.value} -> accelerator.unwrap_model({key}).{node.attr.value}"
         )
+    if bypassing:
+        _refuse_the_bypass(a, bypassing)
+
+
+def _refuse_the_bypass(a: Analysis, bypassing: list[tuple[cst.Attribute, Scope, str]]) -> None:
+    """Refuse at the call whose result reaches the backward by assignments alone (c51's
+    ``_, old_pmfs = q_network.get_action(obs, actions)`` into the loss) before one whose result
+    gets there only through what other calls store (its action picks, kept in a replay buffer
+    that is sampled again)."""
+    node, _scope, why = next(
+        (b for b in bypassing if _feeds_backward(a, b[1], a.parent(b[0]), through_calls=False)),  # type: ignore[arg-type]
+        bypassing[0],
+    )
+    key = key_of(node.value)
+    raise Refused(
+        node,
+        BARE_MODULE,
+        f"the training step calls {key}.{node.attr.value}(...), which the prepared (wrapped) "
+        f"model does not have, {why}; call {key}(...) itself or convert by hand",
+    )
 
 
 def _runs_none_of_the_module(plan: Plan, models: set[str], method: str) -> bool:
@@ -274,7 +290,9 @@ def _not_aside(a: Analysis, scope: Scope, call: cst.Call) -> str | None:
     return None
 
 
-def _feeds_backward(a: Analysis, scope: Scope, call: cst.Call) -> bool:
+def _feeds_backward(
+    a: Analysis, scope: Scope, call: cst.Call, *, through_calls: bool = True
+) -> bool:
     """Whether a value computed from ``call`` may reach a ``.backward()`` in ``scope``: the
     names each statement of the function makes from others (an assignment's targets from its
     value, a loop's target from its iterable, a call's receiver and the names it is handed
@@ -283,7 +301,13 @@ def _feeds_backward(a: Analysis, scope: Scope, call: cst.Call) -> bool:
     made: dict[str, set[str]] = {}
 
     def read(expr: cst.CSTNode) -> set[str]:
-        found = {n.value for n in names_in(expr)}
+        # ``data.actions`` reads ``data``: an attribute's or a keyword's name is no variable.
+        named = [
+            *(x.attr for x in nodes(expr, cst.Attribute)),
+            *(arg.keyword for arg in nodes(expr, cst.Arg)),
+        ]  # type: ignore[attr-defined]
+        skipped = {id(n) for n in named if n is not None}
+        found = {n.value for n in names_in(expr) if id(n) not in skipped}
         return found | {_RESULT} if any(c is call for c in nodes(expr, cst.Call)) else found
 
     def make(targets: list[cst.BaseExpression], source: cst.CSTNode) -> None:
@@ -298,7 +322,7 @@ def _feeds_backward(a: Analysis, scope: Scope, call: cst.Call) -> bool:
             make([node.target], node.value)
         elif isinstance(node, cst.For):
             make([node.target], node.iter)
-        elif isinstance(node, cst.Call) and node.args:
+        elif isinstance(node, cst.Call) and node.args and through_calls:
             given = cst.Tuple([cst.Element(arg.value) for arg in node.args])
             receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
             if isinstance(receiver, cst.Name) and receiver.value in a.names.imports:
