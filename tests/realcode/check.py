@@ -67,6 +67,11 @@ FIRST_SIGHT_PLAIN_7 = HERE / "first_sight_plain_7.csv"
 # Seven more (Cutout, MixMatch, FixMatch, CutMix, pytorch-a2c-ppo-acktr-gail, Rainbow, RAdam),
 # at f48b27c: 13 files.
 FIRST_SIGHT_PLAIN_8 = HERE / "first_sight_plain_8.csv"
+# Seventeen more (cleanrl, makemore, pygcn, pyGAT, SupContrast, RepDistiller, ssd.pytorch,
+# pytorch-ddpm, pytorch-semseg, TD3, leftthomas' SimCLR, generative-model-collections,
+# pytorch-soft-actor-critic, pytorch-openai-transformer-lm; DDP: stylegan2-pytorch,
+# vq-vae-2-pytorch, semseg), at 00fbe8a, refusals reviewed by two helpers: 35 files.
+FIRST_SIGHT_PLAIN_9 = HERE / "first_sight_plain_9.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -79,6 +84,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_6,
     FIRST_SIGHT_PLAIN_7,
     FIRST_SIGHT_PLAIN_8,
+    FIRST_SIGHT_PLAIN_9,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
