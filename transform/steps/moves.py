@@ -125,9 +125,9 @@ def _refuse_a_flag_beside_the_accelerator(
             move,
             HAND_PICKED_DEVICE,
             f"this move follows {code(device)}, as the model's did; prepare() now puts the "
-            "model on the accelerator's device, which the flag does not choose (--device cpu "
-            f"on a machine with a GPU, or cuda:2): bind device = torch.device({code(device)}) "
-            "once, move to it, and convert again",
+            f"model on the accelerator's device, which {code(device)} does not choose (the CPU "
+            "asked for on a machine with a GPU, or cuda:2): bind device = "
+            f"torch.device({code(device)}) once, move to it, and convert again",
         )
 
 
