@@ -57,7 +57,9 @@ def cpu_choice(plan: Plan) -> None:
     elif len(bindings) == 1 and bindings[0].value is not None and _is_cpu(a, bindings[0].value):
         flag = cst.Name("True")  # ``device = "cpu"``: the script runs on the CPU, wherever it is
     elif len(bindings) == 1 and (named := _named_at_run_time(a, bindings[0])) is not None:
-        flag = cst.Comparison(named, [cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cpu"'))])
+        # str(): ``args.device`` may hold "cpu" or torch.device("cpu"), which equals no string.
+        shown = cst.Call(cst.Name("str"), [cst.Arg(named)])
+        flag = cst.Comparison(shown, [cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cpu"'))])
     else:
         return
     plan.cpu_choice = (bindings[0].node, flag)
