@@ -25,7 +25,7 @@ from accelify.transform.distributed import Dedistributed, dedistribute
 from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
-from accelify.transform.loss_scaler import trains_beside
+from accelify.transform.loss_scaler import method_trains, trains_beside
 from accelify.transform.neighbours import distributing_functions, fetching_imports
 from accelify.transform.patterns import (
     OPTIMIZERS,
@@ -425,6 +425,8 @@ def _explain_hidden_step(plan: Plan) -> None:
                 TRAINING_ELSEWHERE,
             )
             return
+    if _explain_an_agent(plan):
+        return
     for call, scope in a.calls:
         if a.callee(call) is not None or callee_name(call) in READERS or not _in_loop(a, call):
             continue
@@ -441,6 +443,36 @@ def _explain_hidden_step(plan: Plan) -> None:
                 TRAINING_ELSEWHERE,
             )
             return
+
+
+def _explain_an_agent(plan: Plan) -> bool:
+    """``agent = SAC(...)`` then ``agent.update_parameters(memory, ...)``, ``gan.train()`` or
+    ``compute_loss(...)`` of an instance: a method, of a class from a module beside the script,
+    that runs a ``.backward()`` is where the training step is. Says so, and whether it did."""
+    a: Analysis = plan.analysis
+    module = a.scopes[0]
+    for call, scope in a.calls:
+        func = call.func
+        receiver, method = (
+            (func.value, func.attr.value) if isinstance(func, cst.Attribute) else (func, "__call__")
+        )
+        key = key_of(receiver)
+        if key is None or a.callee(call) is not None:
+            continue
+        for b in a.bindings:
+            qualified = a.names.qualify(b.value.func) if isinstance(b.value, cst.Call) else None
+            if b.key != key or b.scope not in (scope, module) or qualified is None:
+                continue
+            if (file := method_trains(a.path, qualified, method)) is not None:
+                plan.info(
+                    call,
+                    f"left unchanged: training runs inside {a.module.code_for_node(func)}(...) "
+                    f"({qualified.rpartition('.')[2]}.{method} in {file}), which this file does "
+                    "not show; convert the code that trains",
+                    TRAINING_ELSEWHERE,
+                )
+                return True
+    return False
 
 
 def _a_models_method(a: Analysis, scope: Scope, call: cst.Call) -> bool:

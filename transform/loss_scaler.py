@@ -35,7 +35,13 @@ from accelify.transform.neighbours import (
     module_file,
 )
 
-__all__ = ["is_loss_scaler", "loss_scaler_beside", "module_trains", "trains_beside"]
+__all__ = [
+    "is_loss_scaler",
+    "loss_scaler_beside",
+    "method_trains",
+    "module_trains",
+    "trains_beside",
+]
 
 _CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
 _STEPS = frozenset({"backward", "step", "zero_grad", "unscale_", "update"})
@@ -56,6 +62,19 @@ def trains_beside(path: str, qualified: str) -> tuple[str, bool] | None:
     if tree is None or defined_in(tree, name, ast.FunctionDef) is None:
         return None
     return module_file(Path(path).parent, module).name, module_trains(tree)
+
+
+def method_trains(path: str, qualified: str, method: str) -> str | None:
+    """The module beside ``path`` (named as a file) whose class ``qualified`` (``sac.SAC``)
+    defines ``method`` with a ``.backward()`` in it (``update_parameters``), or None: the class
+    trains there. A method it inherits is not read."""
+    tree, name = beside(path, qualified)
+    cls = defined_in(tree, name, ast.ClassDef)
+    function = defined_in(cls, method, ast.FunctionDef) if cls is not None else None
+    if function is None or not any(callee(c) == "backward" for c in calls_in(function)):
+        return None
+    module = qualified.lstrip(".").rpartition(".")[0]
+    return module_file(Path(path).parent, module).name
 
 
 def module_trains(tree: ast.Module) -> bool:

@@ -249,6 +249,35 @@ def test_a_launcher_whose_module_runs_no_backward_is_named_truly(tmp_path: Path)
         assert "give it this file with the one that trains" in note.message
 
 
+def test_an_agent_whose_method_trains_beside_the_script_is_named(tmp_path: Path) -> None:
+    """cleanrl-like entry points build an agent from a module beside them and call its update
+    (SAC's update_parameters, a GAN's train()): the note names the method that runs the
+    backward, not the first method called (select_action), and says nothing for a class whose
+    methods run none."""
+    (tmp_path / "sac.py").write_text(
+        "import torch\n\n\nclass SAC:\n"
+        "    def __init__(self):\n        self.policy = torch.nn.Linear(2, 1)\n"
+        "        self.optim = torch.optim.Adam(self.policy.parameters())\n\n"
+        "    def select_action(self, state):\n        return self.policy(state)\n\n"
+        "    def update_parameters(self, memory):\n"
+        "        loss = self.policy(memory).mean()\n        self.optim.zero_grad()\n"
+        "        loss.backward()\n        self.optim.step()\n"
+    )
+    script = (
+        "import torch\nfrom sac import SAC\n\nagent = SAC()\n"
+        "for step in range(10):\n    action = agent.select_action(torch.randn(1, 2))\n"
+        "    agent.update_parameters(torch.randn(4, 2))\n"
+    )
+    (note,) = convert(script, path=_script(tmp_path)).notes
+    assert note.line == 7 and note.info
+    assert "agent.update_parameters(...) (SAC.update_parameters in sac.py)" in note.message
+    (tmp_path / "sac.py").write_text(
+        "class SAC:\n    def select_action(self, state):\n        return state\n\n"
+        "    def update_parameters(self, memory):\n        return memory\n"
+    )
+    assert convert(script, path=_script(tmp_path)).notes == ()
+
+
 def test_a_script_whose_helper_starts_the_process_group_stays_unchanged(tmp_path: Path) -> None:
     """The helper would start a second set-up under prepare(), and the switches it sets would
     keep choosing the hand-written path: refused at the call, with the file it is in."""
