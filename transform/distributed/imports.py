@@ -17,6 +17,10 @@ _DISTRIBUTING = (
     "torch.nn.parallel.distributed",
     "torch.utils.data.distributed",
     "torch.utils.data.DistributedSampler",
+    # The single-process sampler a launch test chose instead (``RandomSampler(ds) if
+    # args.local_rank == -1 else DistributedSampler(ds)``): the loader's shuffle replaces both.
+    "torch.utils.data.RandomSampler",
+    "torch.utils.data.SequentialSampler",
 )
 
 

@@ -76,7 +76,7 @@ def rank_sources(r: Rewrite) -> None:
             continue
         r.edits.replace(node, placeholder(what))
         r.changed(node, f"{r.analysis.module.code_for_node(node)} -> the accelerator's {what}")
-    for node in _launch_option_reads(r):
+    for node in launch_option_reads(r):
         r.rank_reads[id(node)] = "local_process_index"
         r.edits.replace(node, placeholder("local_process_index"))
         r.changed(
@@ -93,7 +93,7 @@ def rank_sources(r: Rewrite) -> None:
         _parameters(r)
 
 
-def _launch_option_reads(r: Rewrite) -> list[cst.Attribute]:
+def launch_option_reads(r: Rewrite) -> list[cst.Attribute]:
     """``args.local_rank`` read (not assigned) in a script that declares ``--local_rank``."""
     a = r.analysis
     declared = any(
@@ -214,9 +214,9 @@ def _device(r: Rewrite, call: cst.Call) -> None:
     if r.analysis.names.refers_to(func, ("torch",), "device") and len(call.args) == 2:
         kind, index = call.args
         if _rank_device(r, index.value) and isinstance(kind.value, cst.SimpleString):
-            r.edits.replace(
-                call, cst.Call(func, args=[kind.with_changes(comma=cst.MaybeSentinel.DEFAULT)])
-            )
+            # The process's own device, the CPU under ``accel-run --cpu`` too (a bare "cuda"
+            # would ask for a GPU there).
+            r.edits.replace(call, placeholder("device"))
             return
     device = keyword_arg(call, "device")
     if device is not None and _rank_device(r, device.value):

@@ -62,8 +62,11 @@ def drop_samplers(r: Rewrite) -> None:
         if isinstance(parent, cst.Arg) and parent.keyword and parent.keyword.value == "sampler":
             _give_shuffle(r, a.parent(parent), parent, call, shuffle)  # type: ignore[arg-type]
             continue
-        if isinstance(parent, cst.IfExp) and parent.body is call and parent.orelse in r.dropped:
-            parent = a.parent(parent)  # ``DistributedSampler(ds) if ddp else ...``: ddp is kept
+        if isinstance(parent, cst.IfExp) and (
+            (parent.body is call and parent.orelse in r.dropped)
+            or (parent.orelse is call and parent.body in r.dropped)
+        ):  # ``DistributedSampler(ds) if ddp else ...``, ``... if local_rank == -1 else ...``
+            parent = a.parent(parent)
         target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
         key = key_of(target) if target is not None and len(parent.targets) == 1 else None  # type: ignore[union-attr]
         if key is None or not isinstance(target, cst.Name):

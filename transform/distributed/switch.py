@@ -13,7 +13,11 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.distributed.context import Rewrite
-from accelify.transform.distributed.ranks import ENVIRONMENT, environment_variable
+from accelify.transform.distributed.ranks import (
+    ENVIRONMENT,
+    environment_variable,
+    launch_option_reads,
+)
 from accelify.transform.edits import comments_in
 from accelify.transform.patterns import RANK_NAMES
 from accelify.transform.refusals import DDP_LAUNCH
@@ -22,6 +26,7 @@ from accelify.transform.walk import nodes
 
 def collapse_switches(r: Rewrite) -> None:
     a = r.analysis
+    _collapse_launch_tests(r)
     switches = {(r.owner(b.scope, b.key), b.key): b for b in a.bindings if _is_switch(r, b.value)}
     if not switches:
         return
@@ -43,6 +48,59 @@ def collapse_switches(r: Rewrite) -> None:
         r.changed(
             binding.node, "the distributed path is kept: under accel-run it also runs one process"
         )
+
+
+def _collapse_launch_tests(r: Rewrite) -> None:
+    """``if args.local_rank == -1:`` / ``!= -1`` with ``--local_rank`` declared (the HF examples'
+    and FixMatch's test of whether ``torch.distributed.launch`` started the script): the
+    distributed path is kept, as for a named switch; ``== -1`` keeps the ``else``."""
+    a = r.analysis
+    reads = {id(node) for node in launch_option_reads(r)}
+    for test in nodes(a.module, cst.Comparison):
+        single = _launch_test(test, reads)  # type: ignore[arg-type]
+        parent = a.parent(test)
+        if single is None or not isinstance(parent, cst.If | cst.IfExp) or parent.test is not test:
+            continue
+        spelled = a.module.code_for_node(test)
+        if not single:
+            collapse(r, test, spelled)  # type: ignore[arg-type]
+        elif isinstance(parent, cst.IfExp):
+            r.dropped.append(parent.body)
+            r.edits.replace(parent, lambda node: node.orelse)  # type: ignore[attr-defined]
+        elif isinstance(parent.orelse, cst.If):
+            raise r.refuse(parent, DDP_LAUNCH, "an elif follows the single-process test")
+        elif parent.orelse is None:
+            r.dropped.append(parent.body)
+            r.remove(parent)
+        else:
+            _refuse_distributed_only_checks(r, parent.orelse, spelled)
+            r.dropped.append(parent.body)
+            r.edits.replace(
+                parent,
+                lambda node: node.with_changes(body=node.orelse.body, orelse=None),  # type: ignore[attr-defined]
+            )
+            r.edits.unwrap(parent)
+        r.changed(test, "the distributed path is kept: under accel-run it also runs one process")
+
+
+def _launch_test(test: cst.Comparison, reads: set[int]) -> bool | None:
+    """True for ``<launch read> == -1``, False for ``!= -1``, else None."""
+    if len(test.comparisons) != 1:
+        return None
+    target = test.comparisons[0]
+    sides = (test.left, target.comparator)
+    minus_one = [
+        isinstance(s, cst.UnaryOperation)
+        and isinstance(s.operator, cst.Minus)
+        and isinstance(s.expression, cst.Integer)
+        and s.expression.value == "1"
+        for s in sides
+    ]
+    if not any(minus_one) or not any(id(s) in reads for s in sides):
+        return None
+    if isinstance(target.operator, cst.Equal):
+        return True
+    return False if isinstance(target.operator, cst.NotEqual) else None
 
 
 def _is_switch(r: Rewrite, value: cst.BaseExpression | None) -> bool:
@@ -88,7 +146,7 @@ def collapse(r: Rewrite, switch: cst.BaseExpression, spelled: str) -> None:
     )
 
 
-def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If, switch: str) -> None:
+def _refuse_distributed_only_checks(r: Rewrite, branch: cst.If | cst.Else, switch: str) -> None:
     """An ``assert`` under ``if ddp:`` checked only distributed runs; kept, it would check the
     one-process run too, which it did not. One that reads the rank or the world size (``assert
     steps % world_size == 0``) holds on one process, where they are 0 and 1. ``assert
