@@ -8,8 +8,10 @@ wrapped model is the bare model: ``accelerator.unwrap_model(model)``, which is t
 on one process or before prepare(), and the module inside the wrapper after it (an alias such as
 ``raw_model = model.module`` keeps meaning the bare module wherever it is taken). Reached through
 (``model.module.decode(z)``), it becomes ``model.decode(z)``, which the conversion's unwrap step
-sends to the module. Any other ``.module`` in the file is refused: it may be a wrapper's that the
-rewrite did not see.
+sends to the module. A parameter that every call of its function hands a wrapped model holds one
+too (FixMatch's ``model.module if hasattr(model, "module") else model`` in ``train(args, model,
+...)``). Any other ``.module`` in the file is refused: it may be a wrapper's that the rewrite did
+not see.
 
 ``nn.DataParallel(model, device_ids=...)`` goes too, where the script wraps the model only in
 an ``if`` with no ``else`` (``if torch.cuda.device_count() > 1:``, ``if device == "cuda":``,
