@@ -91,6 +91,12 @@ RANK_NAMES = frozenset(
     }
 )
 
+
+def names_a_rank(name: str) -> bool:
+    """``rank``, ``local_rank``, ``process_index``: a name that reads which process this is."""
+    return name in RANK_NAMES or "rank" in name
+
+
 # (function) -> packages it comes from: it changes the file or folder its arguments name, so
 # every process doing it at once writes one file N times, or races (one removes what another
 # just removed). Methods by their name alone: ``fig.savefig(...)``, ``df.to_csv(...)``.
@@ -202,10 +208,19 @@ def device_move(
     if move.func.attr.value == "cuda":  # type: ignore[union-attr]
         keywords = [arg.keyword.value if arg.keyword else None for arg in move.args]
         return move if all(k == "non_blocking" for k in keywords) else None
+    target = moved_to(move)
+    return move if target is not None and device(target) else None
+
+
+def moved_to(move: cst.Call) -> cst.BaseExpression | None:
+    """What ``x.to(...)`` is handed as its device, first or as ``device=`` (None for
+    ``x.cuda()`` and for a ``.to`` with neither)."""
     first = move.args[0] if move.args else None
     if first is None or (first.keyword is not None and first.keyword.value != "device"):
         first = keyword_arg(move, "device")
-    return move if first is not None and device(first.value) else None
+    if move.func.attr.value == "cuda" or first is None:  # type: ignore[union-attr]
+        return None
+    return first.value
 
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

@@ -19,7 +19,7 @@ from accelify.transform.distributed.ranks import (
     launch_option_reads,
 )
 from accelify.transform.edits import comments_in
-from accelify.transform.patterns import RANK_NAMES
+from accelify.transform.patterns import names_a_rank
 from accelify.transform.refusals import DDP_LAUNCH
 from accelify.transform.walk import nodes
 
@@ -61,25 +61,7 @@ def _collapse_launch_tests(r: Rewrite) -> None:
         parent = a.parent(test)
         if single is None or not isinstance(parent, cst.If | cst.IfExp) or parent.test is not test:
             continue
-        spelled = a.module.code_for_node(test)
-        if not single:
-            collapse(r, test, spelled)  # type: ignore[arg-type]
-        elif isinstance(parent, cst.IfExp):
-            r.dropped.append(parent.body)
-            r.edits.replace(parent, lambda node: node.orelse)  # type: ignore[attr-defined]
-        elif isinstance(parent.orelse, cst.If):
-            raise r.refuse(parent, DDP_LAUNCH, "an elif follows the single-process test")
-        elif parent.orelse is None:
-            r.dropped.append(parent.body)
-            r.remove(parent)
-        else:
-            _refuse_distributed_only_checks(r, parent.orelse, spelled)
-            r.dropped.append(parent.body)
-            r.edits.replace(
-                parent,
-                lambda node: node.with_changes(body=node.orelse.body, orelse=None),  # type: ignore[attr-defined]
-            )
-            r.edits.unwrap(parent)
+        collapse(r, test, a.module.code_for_node(test), single=single)  # type: ignore[arg-type]
         r.changed(test, "the distributed path is kept: under accel-run it also runs one process")
 
 
@@ -117,8 +99,9 @@ def _is_switch(r: Rewrite, value: cst.BaseExpression | None) -> bool:
     return environment_variable(names, left) in ENVIRONMENT
 
 
-def collapse(r: Rewrite, switch: cst.BaseExpression, spelled: str) -> None:
-    """Keep the distributed path where ``switch`` (spelled ``spelled``) chooses it."""
+def collapse(r: Rewrite, switch: cst.BaseExpression, spelled: str, *, single: bool = False) -> None:
+    """Keep the distributed path where ``switch`` (spelled ``spelled``) chooses it: the side it
+    is true on, or with ``single`` (``args.local_rank == -1``, true on one process) the other."""
     a = r.analysis
     parent = a.parent(switch)
     if isinstance(parent, cst.If) and parent.test is switch:
@@ -126,20 +109,29 @@ def collapse(r: Rewrite, switch: cst.BaseExpression, spelled: str) -> None:
             raise r.refuse(
                 parent, DDP_LAUNCH, "an elif follows the distributed/single-process switch"
             )
-        _refuse_distributed_only_checks(r, parent, spelled)
-        if parent.orelse is not None:
-            r.dropped.append(parent.orelse)
+        kept, dropped = (parent.orelse, parent.body) if single else (parent, parent.orelse)
+        if kept is None:  # ``if args.local_rank == -1:`` alone: nothing runs distributed
+            r.dropped.append(dropped)  # type: ignore[arg-type]
+            r.remove(parent)
+            return
+        _refuse_distributed_only_checks(r, kept, spelled)
+        if dropped is not None:
+            r.dropped.append(dropped)
             # The dropped branch's comments stay, above the kept body.
-            kept = [*parent.orelse.leading_lines, *comments_in(parent.orelse)]  # type: ignore[arg-type]
-            kept = [line for line in kept if line.comment is not None]
+            lines = [*getattr(dropped, "leading_lines", ()), *comments_in(dropped)]
+            lines = [line for line in lines if line.comment is not None]
             r.edits.replace(
-                parent, lambda node: node.with_changes(leading_lines=[*node.leading_lines, *kept])
+                parent,
+                lambda node: node.with_changes(
+                    leading_lines=[*node.leading_lines, *lines],
+                    **({"body": node.orelse.body, "orelse": None} if single else {}),
+                ),
             )
         r.edits.unwrap(parent)
         return
     if isinstance(parent, cst.IfExp) and parent.test is switch:
-        r.dropped.append(parent.orelse)
-        r.edits.replace(parent, lambda node: node.body)  # type: ignore[attr-defined]
+        r.dropped.append(parent.body if single else parent.orelse)
+        r.edits.replace(parent, lambda node: node.orelse if single else node.body)  # type: ignore[attr-defined]
         return
     raise r.refuse(
         switch, DDP_LAUNCH, f"{spelled} switches between distributed and single-process code here"
@@ -188,4 +180,4 @@ def _asks_for_cuda(r: Rewrite, check: cst.Assert) -> bool:
 
 def _reads_rank(name: str) -> bool:
     """``rank``, ``ddp_world_size``, ``local_rank``: the distributed configuration's names."""
-    return name in RANK_NAMES or "rank" in name or "world_size" in name
+    return names_a_rank(name) or "world_size" in name

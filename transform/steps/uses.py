@@ -24,12 +24,12 @@ from accelify.transform.neighbours import uses_only
 from accelify.transform.patterns import (
     LOG_METHODS,
     PREFIX,
-    RANK_NAMES,
     Role,
     callee_name,
     constructor_role,
     dotted_name,
     method_call,
+    names_a_rank,
     unpacked,
 )
 from accelify.transform.plan import Plan
@@ -390,7 +390,7 @@ def _built_after_one_seed(a: Analysis, use: _Use) -> bool:
         if scope is use.scope
         and callee_name(call) in _TORCH_SEEDS
         and call.args
-        and not any(n.value in RANK_NAMES or "rank" in n.value for n in names_in(call))
+        and not any(names_a_rank(n.value) for n in names_in(call))
     ]
     return bool(bindings) and all(
         any(
