@@ -22,6 +22,7 @@ from accelify.transform.patterns import (
     is_device,
     keyword_arg,
     method_call,
+    moved_to,
     target_names,
     unpacked,
 )
@@ -115,9 +116,9 @@ def _refuse_a_flag_beside_the_accelerator(
     cannot, so the setup is refused where a kept move reads it."""
     a = plan.analysis
     code = a.module.code_for_node
-    flags = {code(d) for m in placed if (d := _device_of(m)) is not None and _a_flag(d)}
+    flags = {code(d) for m in placed if (d := moved_to(m)) is not None and _a_flag(d)}
     for move in kept:
-        device = _device_of(move)
+        device = moved_to(move)
         statement = a.statement_of(move)
         if device is None or code(device) not in flags or plan.edits.is_removed(statement):  # type: ignore[arg-type]
             continue
@@ -129,16 +130,6 @@ def _refuse_a_flag_beside_the_accelerator(
             "asked for on a machine with a GPU, or cuda:2): bind device = "
             f"torch.device({code(device)}) once, move to it, and convert again",
         )
-
-
-def _device_of(move: cst.Call) -> cst.BaseExpression | None:
-    """The device a ``.to(...)`` names (None for ``.cuda()``)."""
-    if move.func.attr.value == "cuda":  # type: ignore[union-attr]
-        return None
-    first = move.args[0]
-    if first.keyword is not None and first.keyword.value != "device":
-        first = keyword_arg(move, "device")  # type: ignore[assignment]
-    return first.value
 
 
 def _a_flag(device: cst.BaseExpression) -> bool:
