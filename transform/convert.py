@@ -448,9 +448,16 @@ def _explain_hidden_step(plan: Plan) -> None:
 def _explain_an_agent(plan: Plan) -> bool:
     """``agent = SAC(...)`` then ``agent.update_parameters(memory, ...)``, ``gan.train()`` or
     ``compute_loss(...)`` of an instance: a method, of a class from a module beside the script,
-    that runs a ``.backward()`` is where the training step is. Says so, and whether it did."""
+    that runs a ``.backward()`` is where the training step is. Says so, and whether it did.
+    Each class's method is read from its module once, however often it is called."""
     a: Analysis = plan.analysis
     module = a.scopes[0]
+    built: dict[str, list[tuple[Scope, str]]] = {}  # name -> (scope, class it is built from)
+    for b in a.bindings:
+        qualified = a.names.qualify(b.value.func) if isinstance(b.value, cst.Call) else None
+        if qualified is not None and "." in qualified:
+            built.setdefault(b.key, []).append((b.scope, qualified))
+    read: dict[tuple[str, str], str | None] = {}
     for call, scope in a.calls:
         func = call.func
         receiver, method = (
@@ -459,11 +466,12 @@ def _explain_an_agent(plan: Plan) -> bool:
         key = key_of(receiver)
         if key is None or a.callee(call) is not None:
             continue
-        for b in a.bindings:
-            qualified = a.names.qualify(b.value.func) if isinstance(b.value, cst.Call) else None
-            if b.key != key or b.scope not in (scope, module) or qualified is None:
+        for where, qualified in built.get(key, ()):
+            if where is not scope and where is not module:
                 continue
-            if (file := method_trains(a.path, qualified, method)) is not None:
+            if (qualified, method) not in read:
+                read[qualified, method] = method_trains(a.path, qualified, method)
+            if (file := read[qualified, method]) is not None:
                 plan.info(
                     call,
                     f"left unchanged: training runs inside {a.module.code_for_node(func)}(...) "
