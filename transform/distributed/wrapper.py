@@ -24,6 +24,7 @@ conversion's moves step to read. Any other DataParallel is refused.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import libcst as cst
@@ -139,8 +140,12 @@ def _handed_on(r: Rewrite) -> None:
         callee = a.callee(call)
         if callee is not None and not callee.is_module:
             calls.setdefault(id(callee.node), (callee, []))[1].append(call)
+    named = Counter(n.value for n in nodes(a.module, cst.Name))  # type: ignore[attr-defined]
+    attributes = Counter(n.attr.value for n in nodes(a.module, cst.Attribute))  # type: ignore[attr-defined]
     followed = [
-        (callee, found) for callee, found in calls.values() if _only_called(a, callee, len(found))
+        (callee, found)
+        for callee, found in calls.values()
+        if _only_called(callee, len(found), named, attributes)
     ]
     grown = True
     while grown:
@@ -160,14 +165,15 @@ def _handed_on(r: Rewrite) -> None:
                     grown = True
 
 
-def _only_called(a: Analysis, function: Scope, calls: int) -> bool:
-    """Whether the function's name appears in the file only as the callee of its ``calls``."""
+def _only_called(
+    function: Scope, calls: int, named: Counter[str], attributes: Counter[str]
+) -> bool:
+    """Whether the function's name appears in the file only as the callee of its ``calls``:
+    ``named`` counts every name in the file, ``attributes`` the names after a dot."""
     name = function.name
-    attributes = [n for n in nodes(a.module, cst.Attribute) if n.attr.value == name]  # type: ignore[attr-defined]
     if function.cls is not None:
-        return len(attributes) == calls
-    named = [n for n in nodes(a.module, cst.Name) if n.value == name]  # type: ignore[attr-defined]
-    return len(named) - len(attributes) == calls + 1  # and its own ``def``
+        return attributes[name] == calls
+    return named[name] - attributes[name] == calls + 1  # and its own ``def``
 
 
 def _assigning(a: Analysis, call: cst.Call) -> cst.Assign | None:
