@@ -54,7 +54,7 @@ def writes(plan: Plan) -> None:
     effects = list(side_effects(plan))
     fetches = [call for call, _statement, how in effects if how == "fetches"]
     for call, statement, how in effects:
-        if how == "fetches" or (how == "writes" and on_main_only(plan.analysis, statement)):
+        if how == "fetches" or (how != "downloads" and on_main_only(plan.analysis, statement)):
             continue  # a write under the script's own rank-0 guard already runs once
         if _runs_model(plan, statement):
             plan.needs_human(
@@ -71,6 +71,12 @@ def writes(plan: Plan) -> None:
             continue
         if how == "downloads":
             _first(plan, call, statement, accelerator, first)
+        elif how != "writes":
+            plan.needs_human(
+                call,
+                f"every process {how} here at once: put the write on a line of its own, "
+                f"under if {plan.analysis.module.code_for_node(accelerator)}.is_main_process:",
+            )
         else:
             if id(statement) not in enclosed:
                 _guard(plan, statement, accelerator)
@@ -134,10 +140,14 @@ def _wait_after_data_writes(plan: Plan, guarded: list[cst.Call]) -> None:
         )
 
 
-# Reads of files from disk (function -> packages it comes from), by what they are called.
+# Reads of files from disk (function -> packages it comes from), by what they are called; a
+# test of what is there reads it too (``os.path.isdir(out)`` after a main-only ``makedirs``).
 _DISK_READERS = {
     "imread": ("imageio", "matplotlib", "cv2", "skimage"),
     "listdir": ("os",),
+    "exists": ("os",),
+    "isdir": ("os",),
+    "isfile": ("os",),
     "glob": ("glob",),
     "read_csv": ("pandas",),
     "open": ("PIL",),
@@ -179,7 +189,7 @@ def _wait_before_reads_back(plan: Plan, written: list[cst.Call]) -> None:
         plan.edits.insert_before(top, wait)
         plan.changed(
             call,
-            "waits for the files the main process wrote while training, before reading them back",
+            "waits for the files the main process wrote, before reading them back",
         )
         return
 
@@ -192,6 +202,9 @@ def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]
         statement = _written_by(plan, call)
         if statement is not None:
             yield call, statement, "writes"
+            continue
+        if _writes_a_file(plan, call):  # ``x = 1; os.remove(p)``: no guard can take it alone
+            yield call, a.statement_of(call), "writes (on a line that does more)"  # type: ignore[misc]
             continue
         statement = _downloaded_by(plan, call)
         if statement is not None:
@@ -328,9 +341,25 @@ def _what(call: cst.Call) -> str:
 
 def _alone(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
     """The line holding ``call`` when it holds nothing else (``x = f(g(...))``, ``f(...)``): the
-    form that can move under a guard or into a ``with`` block whole."""
-    statement = plan.analysis.statement_of(call)
+    form that can move under a guard or into a ``with`` block whole. Written on the line of an
+    ``if`` or a ``for`` (``if os.path.exists(p): os.remove(p)``), that is the whole statement,
+    when its header only asks the disk or reads values: it then decides nothing but the call."""
+    a = plan.analysis
+    statement = a.statement_of(call)
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement
+    if not isinstance(statement, cst.If | cst.For) or statement.orelse is not None:
+        return None
+    header = statement.test if isinstance(statement, cst.If) else statement.iter
+    if (
+        isinstance(statement.body, cst.SimpleStatementSuite)
+        and len(statement.body.body) == 1
+        and a.contains(statement.body, call)
+        and all(
+            _tests_disk(plan, c) or a.names.from_package(c.func, "os")  # type: ignore[attr-defined]
+            for c in nodes(header, cst.Call)
+        )
+    ):
         return statement
     return None
 
@@ -344,11 +373,16 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
         item = a.parent(call)
         with_ = a.parent(item) if isinstance(item, cst.WithItem) else None
         return with_ if isinstance(with_, cst.With) and _writing_mode(call) else None  # type: ignore[return-value]
+    return _alone(plan, call) if _writes_a_file(plan, call) else None
+
+
+def _writes_a_file(plan: Plan, call: cst.Call) -> bool:
+    """Whether ``call`` is a statement of its own that writes to disk (not ``open``)."""
+    a = plan.analysis
     if disk_writer(call, a.names) is None or not isinstance(a.parent(call), cst.Expr):
-        return None  # a write inside a bigger expression is not the line's only effect
-    if any(_in_memory(a, call, arg.value) for arg in call.args):
-        return None  # ``plt.savefig(buf)``: each process fills its own buffer and reads it back
-    return _alone(plan, call)
+        return False  # a write inside a bigger expression is not the line's only effect
+    # ``plt.savefig(buf)``: each process fills its own buffer and reads it back
+    return not any(_in_memory(a, call, arg.value) for arg in call.args)
 
 
 def _in_memory(a: Analysis, call: cst.Call, expr: cst.BaseExpression) -> bool:
