@@ -336,6 +336,20 @@ UNSYNCED_GRADIENTS = Refusal(
     "Sum the losses and call one backward per forward, or use `with model.no_sync():` on the "
     "wrapped model only; or convert by hand.",
 )
+SCHEDULE_FROM_A_SHARD = Refusal(
+    "ACR217",
+    "schedule-from-a-shard",
+    "a scheduler reads the length of a loader prepare() shards each time it runs",
+    "A scheduler is sized from the length of the loader before prepare(), and the prepared "
+    "scheduler steps once per process each step, so it runs that schedule on any number of "
+    "processes. A `lr_lambda` (or a function of the file handed to the scheduler) that reads "
+    "`len(loader)` each time it runs reads the prepared loader's length instead, one "
+    "process's share: on N processes the schedule would end after 1/N of the training.",
+    "scheduler = LambdaLR(\n    optimizer,\n"
+    "    lambda step: cosine(step, epochs * len(train_loader)),\n)",
+    "Bind the total to a name before the loader is prepared (`total_steps = epochs * "
+    "len(train_loader)`) and read that name in the function, then convert again.",
+)
 DDP_LAUNCH = Refusal(
     "ACR301",
     "ddp-launch",
@@ -432,6 +446,7 @@ REFUSALS: tuple[Refusal, ...] = (
     STEP_ORDER,
     MIXED_PRECISION,
     UNSYNCED_GRADIENTS,
+    SCHEDULE_FROM_A_SHARD,
     DDP_LAUNCH,
     DDP_WRAPPER,
     DDP_SAMPLER,

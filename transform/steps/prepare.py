@@ -25,13 +25,14 @@ from accelify.transform.participation import (
 from accelify.transform.patterns import (
     RANK_NAMES,
     Role,
+    callee_name,
     dotted_name,
     placeholder_of,
     returned_shards,
 )
 from accelify.transform.plan import Plan
-from accelify.transform.refusals import STEP_ORDER
-from accelify.transform.setup import Refused, Setup
+from accelify.transform.refusals import SCHEDULE_FROM_A_SHARD, STEP_ORDER
+from accelify.transform.setup import Refused, Setup, origins
 from accelify.transform.walk import nodes
 
 # Wrap the call like black would past this width (the guide's own example is wrapped).
@@ -84,6 +85,7 @@ def prepare(plan: Plan) -> None:
     else:
         where = point.previous or point.next  # type: ignore[assignment]
         indent = 4 * depth(plan, point.block)
+    _lengths_read_later(plan)
     statement = plan.statement(_prepare_code(keys, setup.accelerator, indent))
     if point is None:
         plan.edits.insert_before(where, statement)  # type: ignore[arg-type]
@@ -115,6 +117,7 @@ def prepare(plan: Plan) -> None:
             f"{key} comes from {setup.factory_calls[key]}, which this file does not show: "
             "prepare() shards it if it is a torch DataLoader",
         )
+    _zipped_shuffles(plan)
     discarded = partly_used(plan.analysis, setup)
     idle = idle_submodules(plan.analysis, setup)
     drawn = random_layers(plan.analysis, setup)
@@ -137,6 +140,87 @@ def prepare(plan: Plan) -> None:
             f"{reason}, so every process trains on all the data; {advice}",
         )
     _epoch_schedulers(plan)
+
+
+def _zipped_shuffles(plan: Plan) -> None:
+    """``zip(train_loader_in, train_loader_out)`` of two prepared loaders: a prepared loader
+    starts, and draws its shuffle, at its first batch, not when ``zip()`` takes it as the
+    original does, so the two draw from the random state in another order (HF Accelerate's
+    loaders do the same). Said, since even one process then sees other batches."""
+    a = plan.analysis
+    setup = plan.setup
+    assert setup is not None
+    for loop in a.loops:
+        walked = [
+            k for k in loop.iterables if origins(a, setup.scope, loop.scope, k) & setup.loaders
+        ]
+        if len(walked) > 1:
+            plan.info(
+                loop.node,
+                f"{' and '.join(walked)} are walked together: each prepared loader draws its "
+                "shuffle at its first batch, not when zip() takes it, so they draw from the "
+                "random state in another order than the originals (as under HF Accelerate): "
+                "the same data in other batches, even on one process",
+            )
+
+
+def _lengths_read_later(plan: Plan) -> None:
+    """outlier-exposure's ``LambdaLR(optimizer, lambda step: cosine(step, epochs *
+    len(train_loader), ...))``: the lambda reads the loader's length each time the scheduler
+    runs it, after prepare() the length of one process's share. That ``len(train_loader)``
+    reads ``train_loader_batches`` instead, bound to it right above the scheduler (whose
+    constructor already runs the lambda once). A function of the file handed to the scheduler
+    that reads it, or a loader bound again after the scheduler, is refused: the function's
+    other callers would read the new name too, and the length would be the older loader's."""
+    a = plan.analysis
+    setup = plan.setup
+    assert setup is not None
+    loaders = {k for k in setup.keys if a.role(setup.scope, k) is Role.DATALOADER}
+    taken = {n.value for n in nodes(a.module, cst.Name)}  # type: ignore[attr-defined]
+    bound: dict[str, str] = {}
+    for b in setup.prepared:
+        if a.role(setup.scope, b.key) is not Role.SCHEDULER or not isinstance(b.value, cst.Call):
+            continue
+        named = [
+            function.node
+            for arg in b.value.args
+            if isinstance(arg.value, cst.Name)
+            and (function := a.functions.get(arg.value.value)) is not None
+        ]
+        lambdas = list(nodes(b.value, cst.Lambda))
+        for call in (c for node in [*lambdas, *named] for c in nodes(node, cst.Call)):
+            read = call.args[0].value if callee_name(call) == "len" and call.args else None  # type: ignore[attr-defined]
+            key = key_of(read) if read is not None else None
+            if key is None or key not in loaders:
+                continue
+            later = any(
+                x.scope is b.scope and x.key == key and a.line(x.node) > a.line(b.node)
+                for x in a.bindings
+            )
+            if key.startswith("self.") or later or not any(a.contains(f, call) for f in lambdas):
+                raise Refused(
+                    call,
+                    SCHEDULE_FROM_A_SHARD,
+                    f"{b.key} runs a function that reads len({key}) each time it steps: after "
+                    f"prepare() that is one process's share of {key}, so on N processes the "
+                    "schedule would end after 1/N of the training; bind the total to a name "
+                    "before prepare() and read that",
+                )
+            if key not in bound:
+                name = f"{key}_batches"
+                while name in taken:
+                    name += "_"
+                bound[key] = name
+                taken.add(name)
+                length = plan.statement(f"{name} = len({key})\n")
+                insert_paragraph(plan, a.statement_of(b.node), length)  # type: ignore[arg-type]
+            plan.edits.replace(call, lambda _node, n=bound[key]: cst.Name(n))
+            plan.changed(
+                call,
+                f"{b.key}'s lambda reads {bound[key]}, the length of {key} bound before "
+                f"prepare(): the prepared {key} is one process's share, and the prepared "
+                f"{b.key} steps once per process",
+            )
 
 
 def _reads_rank(a: Analysis) -> bool:
@@ -244,10 +328,11 @@ def _in_batch_loop(a: Analysis, node: cst.CSTNode) -> bool:
 
 
 def _loader_loops(a: Analysis) -> list[Loop]:
+    """The loops over a loader, alone or zipped with others (``zip(in_loader, out_loader)``)."""
     return [
         lp
         for lp in a.loops
-        if lp.iterable is not None and a.role(lp.scope, lp.iterable) is Role.DATALOADER
+        if any(a.role(lp.scope, key) is Role.DATALOADER for key in lp.iterables)
     ]
 
 
