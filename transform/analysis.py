@@ -962,6 +962,28 @@ def moved_itself(b: Binding) -> bool:
     )
 
 
+# nn.Module's methods that return the module itself (``net.eval().float()``).
+MODE_CALLS = ("eval", "train", "float", "half", "double", "bfloat16", "requires_grad_", "apply")
+
+
+def unwrap_modes(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``net.train().cuda()`` -> ``net``: the module a chain of mode switches and moves
+    returns."""
+    while (call := method_call(value, "to", "cuda", *MODE_CALLS)) is not None:
+        value = call.func.value  # type: ignore[union-attr]
+    return value
+
+
+def switched_itself(b: Binding) -> bool:
+    """``model = model.train()`` (pointnet's, in its epoch loop) or ``model =
+    model.apply(init).cuda()``: for a model, the same object again, as :func:`moved_itself`."""
+    return (
+        b.value is not None
+        and unwrap_modes(b.value) is not b.value
+        and key_of(unwrap_modes(b.value)) == b.key
+    )
+
+
 def return_links(a: Analysis, give: _RoleGiver) -> Iterator[tuple[Scope, str, Scope, str]]:
     """(caller, bound name, function, returned name) for ``x = f(...)`` and ``a, b = f(...)``
     where every ``return`` of the same-file function ``f`` gives a name (or a tuple of names of

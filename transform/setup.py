@@ -24,11 +24,11 @@ from accelify.transform.analysis import (
     call_links,
     key_of,
     loop_iterable,
-    moved_itself,
     names_in,
     optimized_models,
     returned_values,
     returns,
+    switched_itself,
     unwrap_moves,
 )
 from accelify.transform.flow import Point, Timeline
@@ -979,7 +979,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
     index = 0
     for b in setup.prepared:
         for build in (x for x in a.bindings if x.scope is setup.scope and x.key == b.key):
-            if moved_itself(build):
+            if switched_itself(build):
                 continue  # ``model = model.to("cpu")``: a move hands back the object it moved
             top = timeline.top_in(block, build.node)
             if top is None:

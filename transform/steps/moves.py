@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform import patterns
-from accelify.transform.analysis import Analysis, Loop, Scope, key_of, unwrap_moves
+from accelify.transform.analysis import MODE_CALLS, Analysis, Loop, Scope, key_of, unwrap_moves
 from accelify.transform.patterns import (
     Role,
     dotted_name,
@@ -188,12 +188,9 @@ def _training_goes_on(plan: Plan, node: cst.CSTNode) -> bool:
     return False
 
 
-_MODE_CALLS = ("eval", "train", "float", "half", "double", "bfloat16", "requires_grad_")
-
-
 def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``net.eval().float()`` -> ``net``: mode switches return the module itself."""
-    while (call := method_call(expr, *_MODE_CALLS)) is not None:
+    while (call := method_call(expr, *MODE_CALLS)) is not None:
         expr = call.func.value  # type: ignore[union-attr]
     return expr
 
