@@ -313,6 +313,30 @@ def class_passes_through(tree: ast.Module, name: str, method: str) -> bool:
     return len(found) == 1 and _yields_each_item(found[0])
 
 
+def moves_its_argument(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``function`` returns one of its parameters moved to a device (Beta-VAE's
+    ``return tensor.cuda() if uses_cuda else tensor``): whoever calls it picks the device of
+    what it hands it there."""
+    arguments = function.args
+    params = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
+    return any(
+        isinstance(call.func, ast.Attribute)
+        and call.func.attr in {"cuda", "to"}
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id in params
+        for node in ast.walk(function)
+        if isinstance(node, ast.Return) and node.value is not None
+        for call in calls_in(node.value)
+    )
+
+
+def moving_function(path: str, qualified: str) -> bool:
+    """:func:`moves_its_argument` for the function ``qualified`` of a module beside ``path``."""
+    tree, name = beside(path, qualified)
+    function = defined_in(tree, name, (ast.FunctionDef, ast.AsyncFunctionDef))
+    return function is not None and moves_its_argument(function)
+
+
 def beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
     """The parsed module beside ``path`` that ``qualified`` (``util.misc.MetricLogger``) names
     a definition of (None when there is none to read), and the definition's name."""

@@ -278,6 +278,31 @@ def test_an_agent_whose_method_trains_beside_the_script_is_named(tmp_path: Path)
     assert convert(script, path=_script(tmp_path)).notes == ()
 
 
+def test_a_model_moved_by_a_helper_beside_the_script_is_refused(tmp_path: Path) -> None:
+    """Beta-VAE's ``from utils import cuda``: the helper returns what it is given moved to the
+    GPU when a flag asks for it, for the model and the batches alike. Converted, the model would
+    go where the accelerator puts it (the CPU, as nothing in the file moves) while the batches
+    followed the flag: refused at the call that moves the model. A helper that only returns what
+    it is given does not hold the conversion back."""
+    (tmp_path / "utils.py").write_text(
+        "def cuda(tensor, uses_cuda):\n    return tensor.cuda() if uses_cuda else tensor\n"
+    )
+    script = (
+        "import torch\nfrom utils import cuda\n\nuse_cuda = torch.cuda.is_available()\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4)\n"
+        "net = cuda(torch.nn.Linear(2, 1), use_cuda)\n"
+        "optimizer = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in loader:\n    net(cuda(x, use_cuda)).mean().backward()\n    optimizer.step()\n"
+    )
+    result = convert(script, path=_script(tmp_path))
+    assert not result.changed
+    (note,) = result.manual
+    assert note.line == 6 and note.refusal == "ACR209"
+    assert "the model goes through cuda(), which returns what it is given moved" in note.message
+    (tmp_path / "utils.py").write_text("def cuda(tensor, uses_cuda):\n    return tensor\n")
+    assert convert(script, path=_script(tmp_path)).changed
+
+
 def test_a_script_whose_helper_starts_the_process_group_stays_unchanged(tmp_path: Path) -> None:
     """The helper would start a second set-up under prepare(), and the switches it sets would
     keep choosing the hand-written path: refused at the call, with the file it is in."""

@@ -12,10 +12,22 @@ its device then already, with inputs the script puts there: its move stays, made
 
 from __future__ import annotations
 
+import ast
+import textwrap
+
 import libcst as cst
 
 from accelify.transform import patterns
-from accelify.transform.analysis import MODE_CALLS, Analysis, Loop, Scope, key_of, unwrap_moves
+from accelify.transform.analysis import (
+    MODE_CALLS,
+    Analysis,
+    Loop,
+    Scope,
+    key_of,
+    mentions,
+    unwrap_moves,
+)
+from accelify.transform.neighbours import moves_its_argument, moving_function
 from accelify.transform.patterns import (
     Role,
     dotted_name,
@@ -72,6 +84,7 @@ def moves(plan: Plan) -> None:
         return
     a = plan.analysis
     models = set(setup.models(a))
+    _refuse_a_moving_helper(plan, models)
     travelling = _moved_elsewhere(plan, models)
     early = _run_before_prepare(plan, models)
     placed: list[cst.Call] = []  # the model's moves, now the accelerator's to make
@@ -130,6 +143,48 @@ def _refuse_a_flag_beside_the_accelerator(
             "asked for on a machine with a GPU, or cuda:2): bind device = "
             f"torch.device({code(device)}) once, move to it, and convert again",
         )
+
+
+def _refuse_a_moving_helper(plan: Plan, models: set[str]) -> None:
+    """Beta-VAE's ``self.net = cuda(Net(...), self.use_cuda)``, with ``cuda`` a function (of the
+    file or of a module beside it) that returns what it is given moved to the GPU, or not: the
+    script's device choice goes through it, for the model and the batches alike. The conversion
+    can neither read that choice nor take the model's move out of it, and the batches' moves
+    would still follow the flag while prepare() places the model: refused."""
+    a = plan.analysis
+    setup = plan.setup
+    assert setup is not None
+    model_values = {
+        id(unwrap_moves(b.value))
+        for b in a.bindings
+        if b.value is not None and origins(a, setup.scope, b.scope, b.key) & models
+    }
+    for call, scope in a.calls:
+        handed = id(call) in model_values or any(
+            (key := key_of(arg.value)) is not None and origins(a, setup.scope, scope, key) & models
+            for arg in call.args
+        )
+        if handed and _moving(plan, call):
+            raise Refused(
+                call,
+                HAND_PICKED_DEVICE,
+                f"the model goes through {dotted_name(call.func)}(), which returns what it is "
+                "given moved to a device: the script picks the model's device, and its "
+                "batches', through it, which prepare() cannot take over; move the model with "
+                ".to(device) in this file, or convert by hand",
+            )
+
+
+def _moving(plan: Plan, call: cst.Call) -> bool:
+    """Whether ``call`` runs a function of this file, or of a module beside it, that returns
+    what it is given moved to a device."""
+    a = plan.analysis
+    local = a.callee(call)
+    if local is not None and isinstance(local.node, cst.FunctionDef):
+        tree = ast.parse(textwrap.dedent(a.module.code_for_node(local.node)))
+        return moves_its_argument(tree.body[0])  # type: ignore[arg-type]
+    qualified = a.names.qualify(call.func)
+    return qualified is not None and "." in qualified and moving_function(a.path, qualified)
 
 
 def _a_flag(device: cst.BaseExpression) -> bool:
@@ -327,19 +382,32 @@ def prepared_loop(plan: Plan, loop: Loop) -> bool:
 
 
 def batch_names(a: Analysis, loop: Loop) -> set[str]:
-    """The loop's batch names plus names unpacked or indexed from them (``x, y = batch``)."""
+    """The loop's batch names plus names unpacked or indexed from them (``x, y = batch``), but
+    for a name the loop also binds to something else (pointnet's ``j, data =
+    next(enumerate(testdataloader))`` every ten steps), and the names taken from it: what it
+    holds at a move is not told by its name."""
+    assigns = [
+        b.node
+        for b in a.bindings
+        if b.scope is loop.scope
+        and a.enclosing(b.node, cst.For) is loop.node
+        and isinstance(b.node, cst.Assign)
+    ]
     names = set(loop.batch_names)
-    for b in a.bindings:
-        if b.scope is not loop.scope or a.enclosing(b.node, cst.For) is not loop.node:
-            continue
-        if not isinstance(b.node, cst.Assign):
-            continue
-        value = b.node.value
-        if isinstance(value, cst.Subscript):  # x = batch["input_ids"]
-            value = value.value
-        if key_of(value) in names:
-            names.update(n for t in b.node.targets for n in target_names(t.target))
-    return names
+    for node in assigns:
+        value = node.value.value if isinstance(node.value, cst.Subscript) else node.value
+        if key_of(value) in names:  # x = batch["input_ids"]
+            names.update(n for t in node.targets for n in target_names(t.target))
+    other: set[str] = set()
+    grown = True
+    while grown:
+        grown = False
+        for node in assigns:
+            bound = {n for t in node.targets for n in target_names(t.target)} & names
+            if bound - other and (not mentions(node.value, names) or mentions(node.value, other)):
+                other |= bound
+                grown = True
+    return names - other
 
 
 def _drop_batch_move(plan: Plan, move: cst.Call, receiver: str) -> None:
