@@ -19,7 +19,11 @@ DCGAN's ``ngpu > 1``): the script then trains the bare model on the full batch o
 skip it, so its forward does not rely on the share of the batch each GPU gets, and one process
 per GPU (``accel-run``) replaces one process driving them all. The ``if`` goes with it when it
 only wrapped and printed; cuDNN flags set there stay, and so does a move of the model, for the
-conversion's moves step to read. Any other DataParallel is refused.
+conversion's moves step to read. One on every path goes as well where it spreads the batch over
+whatever GPUs there are (no ``device_ids``) and the script reads no GPU count: it then runs on
+one GPU too, with the whole batch, so its forward relies on no share. Its checkpoints are keyed
+``module.`` on every run, though, so one whose own ``state_dict()`` the script saves or loads
+(not the ``.module``'s) stays. Any other DataParallel is refused.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def wrapper_of(a: Analysis, call: cst.Call) -> str | None:
 
 def unwrap_ddp(r: Rewrite) -> None:
     a = r.analysis
+    everywhere: list[cst.Call] = []  # DataParallels that wrapped the model on every path
     for call, scope in a.calls:
         wrapper = wrapper_of(a, call)
         if wrapper is None:
@@ -77,29 +82,8 @@ def unwrap_ddp(r: Rewrite) -> None:
         if target is not None and key_of(target) is not None:
             r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
         if wrapper == WRAPPERS[1]:
-            branch, kept = _optional_branch(r, call, line)
-            if target is None or not _already(r, scope, target, model):
-                raise r.refuse(
-                    call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name"
-                )
-            moved = unwrap_moves(parent.value) is not parent.value  # type: ignore[union-attr]
-            if moved:  # ``model = model.cuda()`` stays: the script's device choice
-                r.edits.replace(call, lambda _node, m=model: m)
-            elif kept:
-                r.remove(line)
-            elif not r.edits.is_removed(branch):
-                r.remove(branch)
-            test = a.module.code_for_node(branch.test)
-            what = (
-                f"from the `if {test}:`{_what_stays(kept, moved)}"
-                if moved or kept
-                else f"with the `if {test}:` around it, which only wrapped or printed"
-            )
-            r.changed(
-                call,
-                f"DataParallel removed {what}: prepare() wraps the model, and accel-run starts "
-                "one process per GPU where DataParallel drove them all from one",
-            )
+            if _drop_data_parallel(r, call, model, target, line):
+                everywhere.append(call)
             continue
         same = target is not None and _already(r, scope, target, model)
         if same and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
@@ -108,6 +92,8 @@ def unwrap_ddp(r: Rewrite) -> None:
             r.edits.replace(call, lambda _node, m=model: m)
         r.changed(call, "DistributedDataParallel removed: prepare() wraps the model")
     _handed_on(r)
+    if everywhere:
+        _keys_kept(r, everywhere[0])
     for attribute in nodes(a.module, cst.Attribute):
         if attribute.attr.value != "module":  # type: ignore[attr-defined]
             continue
@@ -125,6 +111,48 @@ def unwrap_ddp(r: Rewrite) -> None:
             either or attribute,
             lambda _node, m=attribute.value: cst.Call(placeholder("unwrap_model"), [cst.Arg(m)]),  # type: ignore[attr-defined]
         )
+
+
+def _drop_data_parallel(
+    r: Rewrite,
+    call: cst.Call,
+    model: cst.BaseExpression,
+    target: cst.BaseExpression | None,
+    line: cst.CSTNode | None,
+) -> bool:
+    """Remove ``nn.DataParallel(model)``, and the ``if`` around it where it only wrapped; True
+    when it wrapped the model on every path."""
+    a = r.analysis
+    code = a.module.code_for_node
+    scope = a.scope_of[id(call)]
+    parent = a.parent(call)
+    parent = _assigning(a, call) or parent  # ``model = nn.DataParallel(model).cuda()`` too
+    branch, kept = _optional_branch(r, call, line)
+    already = target is not None and _already(r, scope, target, model)
+    if target is None or (branch is not None and not already):
+        raise r.refuse(call, DDP_WRAPPER, "DataParallel's wrapper is kept under another name")
+    moved = unwrap_moves(parent.value) is not parent.value  # type: ignore[union-attr]
+    if moved or not already:  # ``model = model.cuda()`` stays: the script's device choice
+        r.edits.replace(call, lambda _node, m=model: m)
+    elif kept or branch is None:
+        r.remove(line)
+    elif not r.edits.is_removed(branch):
+        r.remove(branch)
+    if branch is None:
+        what = (
+            "though it wrapped the model on every path: the script reads no GPU count, so its "
+            "forward takes whatever share of the batch it is given (all of it on one GPU)"
+        )
+    elif moved or kept:
+        what = f"from the `if {code(branch.test)}:`{_what_stays(kept, moved)}"
+    else:
+        what = f"with the `if {code(branch.test)}:` around it, which only wrapped or printed"
+    r.changed(
+        call,
+        f"DataParallel removed {what}: prepare() wraps the model, and accel-run starts one "
+        "process per GPU where DataParallel drove them all from one",
+    )
+    return branch is None
 
 
 def _handed_on(r: Rewrite) -> None:
@@ -203,7 +231,7 @@ def _data_parallel(r: Rewrite, call: cst.Call) -> cst.BaseExpression:
 
 def _optional_branch(
     r: Rewrite, call: cst.Call, line: cst.CSTNode | None
-) -> tuple[cst.If, list[cst.BaseStatement]]:
+) -> tuple[cst.If | None, list[cst.BaseStatement]]:
     """The ``if`` (with no ``else``) that wraps the model only on some runs (``if
     torch.cuda.device_count() > 1:``, ``if device == "cuda":``), and the lines of it that stay
     (none: it goes whole, as it does nothing else but wrap and print). The script runs the bare
@@ -222,14 +250,6 @@ def _optional_branch(
             f"{a.line(branch.orelse)}) takes another path, which dropping the wrapper would "
             "have to account for",
         )
-    if not isinstance(branch, cst.If) or runs_as_script(branch):
-        raise r.refuse(
-            call,
-            DDP_WRAPPER,
-            "DataParallel wraps the model on every path (not in an `if` whose other runs train "
-            "the bare model): its forward may rely on the share of the batch each GPU gets, "
-            "which one process per GPU does not give; drop it by hand where the model does not",
-        )
     counted = _gpu_count_read(a)
     if counted is not None:
         raise r.refuse(
@@ -239,6 +259,9 @@ def _optional_branch(
             "what it prints), as for a batch DataParallel spread over them: launched one "
             "process per GPU, every process still sees them all and would read it too",
         )
+    if not isinstance(branch, cst.If) or runs_as_script(branch):
+        _on_any_gpus(r, call)
+        return None, []
     more = [s for s in block.body if not _about_the_gpus(a, s)]  # type: ignore[union-attr]
     wrapped = [
         _data_parallel(r, c)
@@ -255,6 +278,82 @@ def _optional_branch(
             "still sees them all and would run it",
         )
     return branch, kept
+
+
+def _on_any_gpus(r: Rewrite, call: cst.Call) -> None:
+    """Refused unless DataParallel, wrapping the model on every path, spreads the batch over
+    whatever GPUs the machine has (no ``device_ids``, or all of them): the script then runs on
+    one GPU, where DataParallel hands the model the whole batch, so its forward cannot rely on
+    a share. ``device_ids=[0, 1]`` or ``range(args.ngpu)`` fix how many GPUs split it."""
+    ids = next(
+        (
+            arg.value
+            for i, arg in enumerate(call.args)
+            if (arg.keyword.value if arg.keyword else _DP_PARAMETERS[min(i, 3)]) == "device_ids"
+        ),
+        None,
+    )
+    if ids is None or _all_gpus(r.analysis, ids):
+        return
+    raise r.refuse(
+        call,
+        DDP_WRAPPER,
+        f"DataParallel wraps the model on every path over the GPUs "
+        f"`device_ids={r.analysis.module.code_for_node(ids)}` names: the script fixes how many "
+        "GPUs split each batch, and its forward may rely on the share each one gets, which one "
+        "process per GPU does not give; drop it by hand where the model does not",
+    )
+
+
+def _all_gpus(a: Analysis, ids: cst.BaseExpression) -> bool:
+    """``None``, or ``range(torch.cuda.device_count())`` (in a ``list`` or not): every GPU."""
+    if isinstance(ids, cst.Name):
+        return ids.value == "None"
+    if not isinstance(ids, cst.Call) or a.names.last_part(ids.func) not in {"list", "range"}:
+        return False
+    if len(ids.args) != 1 or ids.args[0].keyword is not None:
+        return False
+    inner = ids.args[0].value
+    if isinstance(inner, cst.Call) and a.names.last_part(inner.func) == "device_count":
+        return not inner.args
+    return a.names.last_part(ids.func) == "list" and _all_gpus(a, inner)
+
+
+def _keys_kept(r: Rewrite, wrapper: cst.Call) -> None:
+    """Refused where the script reads the state dict of a model DataParallel wrapped on every
+    path through the wrapper (``model.state_dict()``, not ``model.module.state_dict()``), or
+    pickles the wrapper whole: every checkpoint it wrote is keyed ``module.``, which dropping
+    the wrapper drops, so the ones it wrote before, and its loaders, no longer match."""
+    a = r.analysis
+
+    def wrapped(node: cst.CSTNode, value: cst.BaseExpression) -> bool:
+        """``value`` holds the wrapper there: not the bare model above the wrap."""
+        same = a.scope_of.get(id(node)) is a.scope_of[id(wrapper)]
+        return r.is_wrapped(value) and not (same and a.line(node) < a.line(wrapper))
+
+    for attribute in nodes(a.module, cst.Attribute):
+        if attribute.attr.value in {"state_dict", "load_state_dict"} and wrapped(  # type: ignore[attr-defined]
+            attribute,
+            attribute.value,  # type: ignore[attr-defined]
+        ):
+            raise r.refuse(
+                attribute,
+                DDP_WRAPPER,
+                f"{a.module.code_for_node(attribute)} reads the state of the DataParallel "
+                f"(line {a.line(wrapper)}) that wraps the model on every path, keyed "
+                "`module.`: dropping the wrapper drops the prefix, so checkpoints written "
+                "before, and the loaders that expect it, would no longer match",
+            )
+    for call, _scope in a.calls:
+        if a.names.last_part(call.func) == "save" and any(
+            wrapped(call, arg.value) for arg in call.args
+        ):
+            raise r.refuse(
+                call,
+                DDP_WRAPPER,
+                f"the script saves the DataParallel (line {a.line(wrapper)}) that wraps the "
+                "model on every path whole: dropping the wrapper would pickle another class",
+            )
 
 
 def _gpu_count_read(a: Analysis) -> cst.Call | None:
