@@ -457,7 +457,7 @@ def _explain_an_agent(plan: Plan) -> bool:
         qualified = a.names.qualify(b.value.func) if isinstance(b.value, cst.Call) else None
         if qualified is not None and "." in qualified:
             built.setdefault(b.key, []).append((b.scope, qualified))
-    read: dict[tuple[str, str], str | None] = {}
+    read: dict[tuple[str, str], tuple[str, str] | None] = {}
     for call, scope in a.calls:
         func = call.func
         receiver, method = (
@@ -471,12 +471,16 @@ def _explain_an_agent(plan: Plan) -> bool:
                 continue
             if (qualified, method) not in read:
                 read[qualified, method] = method_trains(a.path, qualified, method)
-            if (file := read[qualified, method]) is not None:
+            if (found := read[qualified, method]) is not None:
+                trains, file = found
+                cls = qualified.rpartition(".")[2]
+                shown = f"{cls}.{trains} in {file}"
+                if trains != method:  # ``trainer.train()`` inherited from a base class
+                    shown = f"{cls}.{method}, inherited; {shown} runs the backward"
                 plan.info(
                     call,
                     f"left unchanged: training runs inside {a.module.code_for_node(func)}(...) "
-                    f"({qualified.rpartition('.')[2]}.{method} in {file}), which this file does "
-                    "not show; convert the code that trains",
+                    f"({shown}), which this file does not show; convert the code that trains",
                     TRAINING_ELSEWHERE,
                 )
                 return True

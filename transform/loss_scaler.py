@@ -30,6 +30,7 @@ from accelify.transform.neighbours import (
     beside,
     callee,
     calls_in,
+    class_beside,
     defined_in,
     docstring,
     module_file,
@@ -64,17 +65,28 @@ def trains_beside(path: str, qualified: str) -> tuple[str, bool] | None:
     return module_file(Path(path).parent, module).name, module_trains(tree)
 
 
-def method_trains(path: str, qualified: str, method: str) -> str | None:
-    """The module beside ``path`` (named as a file) whose class ``qualified`` (``sac.SAC``)
-    defines ``method`` with a ``.backward()`` in it (``update_parameters``), or None: the class
-    trains there. A method it inherits is not read."""
-    tree, name = beside(path, qualified)
-    cls = defined_in(tree, name, ast.ClassDef)
-    function = defined_in(cls, method, ast.FunctionDef) if cls is not None else None
-    if function is None or not any(callee(c) == "backward" for c in calls_in(function)):
+def method_trains(path: str, qualified: str, method: str) -> tuple[str, str] | None:
+    """Where the class ``qualified`` (``sac.SAC``), in a module beside ``path``, runs a
+    ``.backward()`` when ``method`` is called: (the method that runs it, the module's path
+    from the script's folder), or None. ``method`` defined in the class is read
+    (``update_parameters``); one it inherits (pytorch-template's ``trainer.train()`` from
+    ``BaseTrainer``) is not, and then the class's own method with a backward is named
+    (``_train_epoch``). A package that re-exports the class from one of its modules (``from
+    .trainer import *``) is followed there."""
+    found = class_beside(path, qualified)
+    if found is None:
         return None
-    module = qualified.lstrip(".").rpartition(".")[0]
-    return module_file(Path(path).parent, module).name
+    cls, file = found
+    function = defined_in(cls, method, ast.FunctionDef)
+    candidates = (
+        [function]
+        if function is not None
+        else [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"]
+    )
+    for candidate in candidates:
+        if any(callee(c) == "backward" for c in calls_in(candidate)):
+            return candidate.name, file
+    return None
 
 
 def module_trains(tree: ast.Module) -> bool:

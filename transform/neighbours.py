@@ -337,6 +337,34 @@ def moving_function(path: str, qualified: str) -> bool:
     return function is not None and moves_its_argument(function)
 
 
+def class_beside(path: str, qualified: str) -> tuple[ast.ClassDef, str] | None:
+    """The top-level class ``qualified`` (``trainer.Trainer``) of a module beside ``path``, and
+    that module's path from the script's folder; a package's ``__init__`` that re-exports it
+    (``from .trainer import *`` or ``import Trainer``) is followed to its module, once."""
+    folder = Path(path).parent
+    module, _, name = qualified.lstrip(".").rpartition(".")
+    if not module:
+        return None
+    file = module_file(folder, module)
+    tree = _parse(file)
+    cls = defined_in(tree, name, ast.ClassDef)
+    if cls is None and tree is not None and file.name == "__init__.py":
+        for node in tree.body:
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 1
+                and node.module
+                and any(alias.name in {"*", name} and alias.asname is None for alias in node.names)
+            ):
+                file = module_file(folder, f"{module}.{node.module}")
+                cls = defined_in(_parse(file), name, ast.ClassDef)
+                if cls is not None:
+                    break
+    if cls is None:
+        return None
+    return cls, file.relative_to(folder).as_posix()
+
+
 def beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
     """The parsed module beside ``path`` that ``qualified`` (``util.misc.MetricLogger``) names
     a definition of (None when there is none to read), and the definition's name."""

@@ -278,6 +278,38 @@ def test_an_agent_whose_method_trains_beside_the_script_is_named(tmp_path: Path)
     assert convert(script, path=_script(tmp_path)).notes == ()
 
 
+def test_a_trainer_re_exported_by_its_package_and_training_in_a_method_is_named(
+    tmp_path: Path,
+) -> None:
+    """pytorch-template's layout: ``from trainer import Trainer`` reads a package whose
+    ``__init__`` re-exports the class from ``trainer/trainer.py``, and ``trainer.train()`` is
+    inherited from a base class, while the class's own ``_train_epoch`` runs the backward. The
+    note names that method and says ``train`` is inherited; with no backward in the class, no
+    note."""
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("from .trainer import *\n")
+    trainer = (
+        "from base import BaseTrainer\n\n\nclass Trainer(BaseTrainer):\n"
+        "    def _train_epoch(self, epoch):\n"
+        "        loss = self.model(self.data).mean()\n        loss.backward()\n"
+        "        self.optimizer.step()\n"
+    )
+    (tmp_path / "trainer" / "trainer.py").write_text(trainer)
+    script = (
+        "import torch\nfrom trainer import Trainer\n\nmodel = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "trainer = Trainer(model, optimizer)\ntrainer.train()\n"
+    )
+    (note,) = convert(script, path=_script(tmp_path)).notes
+    assert note.line == 7 and note.info and note.refusal == "ACR106"
+    assert (
+        "trainer.train(...) (Trainer.train, inherited; Trainer._train_epoch in "
+        "trainer/trainer.py runs the backward)" in note.message
+    )
+    (tmp_path / "trainer" / "trainer.py").write_text(trainer.replace("loss.backward()", "pass"))
+    assert convert(script, path=_script(tmp_path)).notes == ()
+
+
 def test_a_model_moved_by_a_helper_beside_the_script_is_refused(tmp_path: Path) -> None:
     """Beta-VAE's ``from utils import cuda``: the helper returns what it is given moved to the
     GPU when a flag asks for it, for the model and the batches alike. Converted, the model would
