@@ -28,6 +28,7 @@ one GPU too, with the whole batch, so its forward relies on no share. Its checkp
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 
@@ -52,6 +53,8 @@ CARRIED = frozenset(
 )
 _PLACEMENT = frozenset({"device_ids", "output_device"})
 _DP_PARAMETERS = ("module", "device_ids", "output_device", "dim")
+# Names that count GPUs: ngpu, n_gpu, num_gpus, gpu_count, ngpus_per_node.
+_GPU_COUNT = re.compile(r"(n|num)_?gpus?(_per_node)?|gpu_count")
 
 
 # The wrappers, by the last part of their name in torch.
@@ -294,7 +297,16 @@ def _on_any_gpus(r: Rewrite, call: cst.Call) -> None:
         None,
     )
     if ids is None or _all_gpus(r.analysis, ids):
-        return
+        counted = _gpu_count_named(r.analysis, call)
+        if counted is None:
+            return
+        raise r.refuse(
+            counted,
+            DDP_WRAPPER,
+            f"the script reads {r.analysis.module.code_for_node(counted)}, a count of GPUs, "
+            "beside the DataParallel that wraps the model on every path: its forward may split "
+            "the batch by it (batch_size // num_gpus), which one process per GPU does not give",
+        )
     raise r.refuse(
         call,
         DDP_WRAPPER,
@@ -303,6 +315,24 @@ def _on_any_gpus(r: Rewrite, call: cst.Call) -> None:
         "GPUs split each batch, and its forward may rely on the share each one gets, which one "
         "process per GPU does not give; drop it by hand where the model does not",
     )
+
+
+def _gpu_count_named(a: Analysis, wrapper: cst.Call) -> cst.BaseExpression | None:
+    """A read, outside what is only printed and the wrapper's own arguments, of a name that
+    counts GPUs (``num_gpus = 4`` read by a forward's ``view(batch_size // num_gpus, ...)``,
+    ``args.ngpu``), or None."""
+    for node in [*nodes(a.module, cst.Name), *nodes(a.module, cst.Attribute)]:
+        name = node.value if isinstance(node, cst.Name) else node.attr.value  # type: ignore[attr-defined]
+        if not _GPU_COUNT.fullmatch(name.lower()) or a.contains(wrapper, node):
+            continue
+        parent = a.parent(node)
+        if isinstance(node, cst.Name) and isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue  # the attribute itself is the read
+        assigned = a.parent(parent) if isinstance(parent, cst.AssignTarget) else None
+        if assigned is not None or any(shows(c) for c in _calls_around(a, node)):
+            continue
+        return node  # type: ignore[return-value]
+    return None
 
 
 def _all_gpus(a: Analysis, ids: cst.BaseExpression) -> bool:
