@@ -139,6 +139,7 @@ def _creation_point(plan: Plan) -> Point:
     early = [
         n
         for _c, statement, how in side_effects(plan)
+        if how != "shares its line"  # reported, not guarded: it needs no accelerator
         for n in t.anchors(first_statement(plan, statement, how)) or ()
     ]
     builds += [t.index(block, top) for n in early if (top := t.top_in(block, n)) is not None]

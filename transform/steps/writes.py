@@ -66,7 +66,9 @@ def writes(plan: Plan) -> None:
         accelerator = plan.accelerator(call, optional=True)
         if accelerator is None:
             plan.needs_human(
-                call, f"every process {how} here at once (before the accelerator exists)"
+                call,
+                f"every process {'writes' if how == 'shares its line' else how} here at once "
+                "(before the accelerator exists)",
             )
             continue
         if how == "downloads":
@@ -74,8 +76,9 @@ def writes(plan: Plan) -> None:
         elif how != "writes":
             plan.needs_human(
                 call,
-                f"every process {how} here at once: put the write on a line of its own, "
-                f"under if {plan.analysis.module.code_for_node(accelerator)}.is_main_process:",
+                f"every process runs {_what(call)} here at once, on a line with other "
+                "statements: put it on a line of its own, under if "
+                f"{plan.analysis.module.code_for_node(accelerator)}.is_main_process:",
             )
         else:
             if id(statement) not in enclosed:
@@ -196,7 +199,8 @@ def _wait_before_reads_back(plan: Plan, written: list[cst.Call]) -> None:
 
 def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]]:
     """(call, its statement, how) for each disk effect in training code: "writes" (guarded),
-    "downloads" (main process first) or "fetches" (download code written out: reported)."""
+    "downloads" (main process first), "fetches" (download code written out: reported) or
+    "shares its line" (a write on a line with other statements: reported)."""
     a = plan.analysis
     for call, _scope in plan.training_calls():
         statement = _written_by(plan, call)
@@ -204,7 +208,7 @@ def side_effects(plan: Plan) -> Iterator[tuple[cst.Call, cst.BaseStatement, str]
             yield call, statement, "writes"
             continue
         if _writes_a_file(plan, call):  # ``x = 1; os.remove(p)``: no guard can take it alone
-            yield call, a.statement_of(call), "writes (on a line that does more)"  # type: ignore[misc]
+            yield call, a.statement_of(call), "shares its line"  # type: ignore[misc]
             continue
         statement = _downloaded_by(plan, call)
         if statement is not None:
