@@ -72,6 +72,12 @@ FIRST_SIGHT_PLAIN_8 = HERE / "first_sight_plain_8.csv"
 # pytorch-soft-actor-critic, pytorch-openai-transformer-lm; DDP: stylegan2-pytorch,
 # vq-vae-2-pytorch, semseg), at 00fbe8a, refusals reviewed by two helpers: 35 files.
 FIRST_SIGHT_PLAIN_9 = HERE / "first_sight_plain_9.csv"
+# Seventeen more (Beta-VAE, Spijkervet's SimCLR, pytorch-YOLOv4, DomainBed, pointnet.pytorch,
+# Pointnet_Pointnet2_pytorch, augmix, outlier-exposure, pytorch_image_classification,
+# faster-rcnn.pytorch, transformer-xl, pytorch-vqvae, the super-resolution tutorial,
+# pytorch-vae, wide-residual-networks, swa, pytorch-template), at 65650ac, refusals reviewed by
+# two helpers: 37 files.
+FIRST_SIGHT_PLAIN_10 = HERE / "first_sight_plain_10.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -85,6 +91,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_7,
     FIRST_SIGHT_PLAIN_8,
     FIRST_SIGHT_PLAIN_9,
+    FIRST_SIGHT_PLAIN_10,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
