@@ -10,7 +10,7 @@ unless it was told to look for unused parameters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import libcst as cst
 
@@ -129,29 +129,67 @@ def cut_layers(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
     """Prepared model -> a ``.data`` or ``.detach()`` in its class's methods, or in those of the
     file's model classes it builds in (``torch.cat((x, h.cpu().data))``): what feeds the cut
     value trains no further, so layers that only feed it may get no gradient."""
+
+    def cut(method: cst.CSTNode) -> cst.CSTNode | None:
+        return next((n for n in nodes(method, cst.Attribute) if _detaches(a, n)), None)
+
+    return _in_model_classes(a, setup, cut)
+
+
+def replaced_parameters(a: Analysis, setup: Setup) -> dict[str, cst.CSTNode]:
+    """Prepared model -> an assignment of a new ``nn.Parameter`` to a module's attribute in a
+    method that runs after construction (the EMA vector quantizer's ``self._ema_w =
+    nn.Parameter(...)`` in ``forward``): DistributedDataParallel keeps to the parameters it
+    was given, so each process updates the new ones apart, and the replicas part."""
+
+    def replaces(method: cst.CSTNode) -> cst.CSTNode | None:
+        for assign in nodes(method, cst.Assign):
+            value = assign.value  # type: ignore[attr-defined]
+            if (
+                isinstance(value, cst.Call)
+                and a.names.last_part(value.func) == "Parameter"
+                and any(isinstance(t.target, cst.Attribute) for t in assign.targets)  # type: ignore[attr-defined]
+            ):
+                return assign
+        return None
+
+    return _in_model_classes(a, setup, replaces)
+
+
+def _in_model_classes(
+    a: Analysis, setup: Setup, find: Callable[[cst.CSTNode], cst.CSTNode | None]
+) -> dict[str, cst.CSTNode]:
+    """Prepared model -> what ``find`` finds in a method of its class that may run after
+    construction, or in those of the file's model classes it builds in its ``__init__``."""
     found: dict[str, cst.CSTNode] = {}
     called = _called_after_construction(a)
     for model, cls in built_models(a, setup):
-        cut = _cut_in(a, cls, called, set())
-        if cut is not None:
-            found[model] = cut
+        node = _found_in(a, cls, called, set(), find)
+        if node is not None:
+            found[model] = node
     return found
 
 
-def _cut_in(a: Analysis, cls: str, called: set[str], seen: set[str]) -> cst.CSTNode | None:
+def _found_in(
+    a: Analysis,
+    cls: str,
+    called: set[str],
+    seen: set[str],
+    find: Callable[[cst.CSTNode], cst.CSTNode | None],
+) -> cst.CSTNode | None:
     if cls in seen or cls not in a.methods:
         return None
     seen.add(cls)
     for name, method in a.methods[cls].items():
         if name not in called:
-            continue  # construction only (``initialize_weights``): no graph to cut yet
-        for node in nodes(method.node, cst.Attribute):
-            if _detaches(a, node):
-                return node
+            continue  # construction only (``initialize_weights``): no graph yet
+        if (node := find(method.node)) is not None:
+            return node
     init = a.methods[cls].get("__init__")
-    for stmt in init.body if init is not None else ():
+    # every submodule it may build, under an ``if decay > 0:`` too
+    for stmt in nodes(init.node, cst.SimpleStatementLine) if init is not None else ():
         built = _built_submodule(a, stmt)
-        if built is not None and (inner := _cut_in(a, built[1], called, seen)) is not None:
+        if built is not None and (inner := _found_in(a, built[1], called, seen, find)):
             return inner
     return None
 

@@ -22,6 +22,7 @@ import pytest
 
 import accelify.transform.convert as convert_module
 from accelify.transform.convert import convert
+from accelify.transform.steps import prepare as prepare_step
 
 from .conftest import CASES_DIR
 
@@ -115,6 +116,20 @@ def test_refused_use_would_let_replicas_drift(case: str, tmp_path: Path, zygote:
     step, model = DRIFTS[case]
     result = _run_two(zygote, _without(step, source), model, tmp_path)
     _assert_drifted(result)  # the bare module trained apart on each process
+
+
+@pytest.mark.slow
+def test_a_parameter_replaced_while_training_would_let_replicas_drift(
+    tmp_path: Path, zygote: Zygote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The EMA quantizer's forward puts a new codebook Parameter in place of the one
+    DistributedDataParallel was given: converted anyway, each process moves its own."""
+    source = (SOUND / "parameter_replaced_in_forward.in.py").read_text()
+    assert not convert(source).changed  # refused today
+    monkeypatch.setattr(sys.modules[prepare_step.__module__], "replaced_parameters", lambda *_: {})
+    code = convert(source).code
+    assert "accelerator.prepare(" in code
+    _assert_drifted(_run_two(zygote, code, "model", tmp_path))
 
 
 def _assert_drifted(result: subprocess.CompletedProcess[str]) -> None:

@@ -21,6 +21,7 @@ from accelify.transform.participation import (
     idle_submodules,
     partly_used,
     random_layers,
+    replaced_parameters,
 )
 from accelify.transform.patterns import (
     RANK_NAMES,
@@ -31,7 +32,7 @@ from accelify.transform.patterns import (
     returned_shards,
 )
 from accelify.transform.plan import Plan
-from accelify.transform.refusals import SCHEDULE_FROM_A_SHARD, STEP_ORDER
+from accelify.transform.refusals import SCHEDULE_FROM_A_SHARD, STEP_ORDER, UNSYNCED_GRADIENTS
 from accelify.transform.setup import Refused, Setup, origins
 from accelify.transform.walk import nodes
 
@@ -122,6 +123,14 @@ def prepare(plan: Plan) -> None:
     idle = idle_submodules(plan.analysis, setup)
     drawn = random_layers(plan.analysis, setup)
     cut = cut_layers(plan.analysis, setup)
+    for model, node in replaced_parameters(plan.analysis, setup).items():
+        raise Refused(
+            node,
+            UNSYNCED_GRADIENTS,
+            f"{model}'s class puts a new nn.Parameter in place of one while training: "
+            "DistributedDataParallel keeps to the parameters it was given, so each process "
+            "updates the new one apart from the others and the replicas part",
+        )
     if setup.partly_trained or discarded or idle or drawn or cut:
         _unused_parameters(
             plan, sorted(setup.partly_trained), discarded=discarded, idle=idle, drawn=drawn, cut=cut
