@@ -45,7 +45,7 @@ from accelify.transform.refusals import (
     TRAINING_ELSEWHERE,
     UNPRINTABLE,
 )
-from accelify.transform.setup import Refused, reachable, redefinition, setups
+from accelify.transform.setup import Refused, reachable, setups, unfollowed
 from accelify.transform.sources import SourceError, python_ast, python_syntax_error, too_deep
 from accelify.transform.steps import STEPS
 from accelify.transform.steps.accelerator import accelerator as write_accelerator
@@ -128,7 +128,7 @@ def _refuse_training_elsewhere(plan: Plan) -> None:
             raise Refused(
                 call,
                 STEP_OUTSIDE_SETUP,
-                redefinition(plan.analysis, scope)
+                unfollowed(plan.analysis, scope)
                 or f"this training step in {scope.name}() does not run from "
                 f"{setup.scope.name}(), where the objects accel-convert would prepare are built: "
                 "a step outside their setup would stay unconverted; convert by hand",

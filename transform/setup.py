@@ -927,18 +927,49 @@ def _only_looks(a: Analysis, setup: Setup, loop: Loop) -> bool:
     return not others.intersection(used)
 
 
-def redefinition(a: Analysis, scope: Scope) -> str | None:
-    """Why a step in ``scope`` cannot be followed when its function is defined again beside it
-    (a notebook's second ``def training_loop``): calls are linked to one definition only."""
+def unfollowed(a: Analysis, scope: Scope) -> str | None:
+    """Why a step in ``scope`` cannot be followed, where the function says it: defined again
+    beside it (a notebook's second ``def training_loop``: calls are linked to one definition
+    only), or run, itself or through the functions that call it, by what it is handed to
+    (ignite's ``Engine(step)``, a ``@trainer.on(...)`` handler calling ``finish_episode``)."""
     if scope.is_module:
         return None
     same = [s for s in a.scopes if s.parent is scope.parent and s.cls is scope.cls]
-    if sum(s.name == scope.name for s in same) < 2:
+    if sum(s.name == scope.name for s in same) > 1:
+        return (
+            f"{scope.name}() is defined more than once: which definition a call runs depends "
+            "on where the call is, which accel-convert does not follow; give each its own name"
+        )
+    seen: set[int] = set()
+    functions = [scope]
+    while functions:
+        function = functions.pop()
+        if id(function) in seen or function.is_module:
+            continue
+        seen.add(id(function))
+        handed = _handed_to_a_runner(a, function)
+        if handed is not None:
+            return f"{handed}, which runs the step where accel-convert cannot follow it"
+        functions += [where for call, where in a.calls if a.callee(call) is function]
+    return None
+
+
+def _handed_to_a_runner(a: Analysis, function: Scope) -> str | None:
+    """``@trainer.on(EPISODE_COMPLETED)`` on the function, or the function named as an argument
+    (``Engine(step)``): something accel-convert does not read calls it."""
+    if not isinstance(function.node, cst.FunctionDef):
         return None
-    return (
-        f"{scope.name}() is defined more than once: which definition a call runs depends on "
-        "where the call is, which accel-convert does not follow; give each its own name"
-    )
+    code = a.module.code_for_node
+    for decorator in function.node.decorators:
+        if isinstance(decorator.decorator, cst.Call):
+            return (
+                f"{function.name}() is handed to the @{code(decorator.decorator.func)}(...) "
+                f"decorator (line {a.line(decorator)})"
+            )
+    for call, _where in a.calls:
+        if any(isinstance(g.value, cst.Name) and g.value.value == function.name for g in call.args):
+            return f"{function.name}() is handed to {code(call.func)}(...) (line {a.line(call)})"
+    return None
 
 
 def _prepare_point(a: Analysis, setup: Setup) -> Point:
@@ -952,7 +983,7 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
             raise Refused(
                 node,
                 STEP_OUTSIDE_SETUP,
-                redefinition(a, a.scope_of[id(node)])
+                unfollowed(a, a.scope_of[id(node)])
                 or f"this training step does not run from {setup.scope.name}()",
             )
         anchors.extend(found)
