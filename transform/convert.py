@@ -555,7 +555,10 @@ def _in_loop(a: Analysis, node: cst.CSTNode) -> bool:
     return a.enclosing(node, (cst.For, cst.While)) is not None
 
 
-_GRADIENTS_ONLY = "nothing steps an optimizer after this backward (it computes gradients only)"
+_GRADIENTS_ONLY = (
+    "no torch optimizer steps after this backward: the script uses the gradients itself (to "
+    "inspect them, or in an optimizer of its own, such as scipy's), which is not converted"
+)
 
 
 def _no_optimizer(a: Analysis) -> str:
