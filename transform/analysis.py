@@ -555,17 +555,37 @@ def _read_iterable(
 def _see_named_wrappers(a: Analysis) -> None:
     """``loop = tqdm(enumerate(loader))`` then ``for i, batch in loop:`` (or ``in
     enumerate(loop)``): a progress bar bound to a name once in the loop's function walks the
-    loader as the written-out form does (one kept from before prepare() is refused there)."""
+    loader as the written-out form does (one kept from before prepare() is refused there). A
+    name bound again for another loop (the validation's ``loop = tqdm(enumerate(dl_val))``)
+    walks what the binding right above the loop, in its block, wraps."""
     for loop in a.loops:
         if not isinstance(loop.node, cst.For):
             continue
         walked = loop_iterable(loop.node.iter, a.through)
         if not isinstance(walked, cst.Name):
             continue
-        values = [b.value for b in a.bindings if b.scope is loop.scope and b.key == walked.value]
-        one = values[0] if len(values) == 1 else None
+        found = [b for b in a.bindings if b.scope is loop.scope and b.key == walked.value]
+        one = found[0].value if len(found) == 1 else _bound_right_above(a, loop.node, found)
         if isinstance(one, cst.Call) and callee_name(one) in _ITER_WRAPPERS:
             _read_iterable(loop, a.through, one)
+
+
+def _bound_right_above(
+    a: Analysis, node: cst.For, found: list[Binding]
+) -> cst.BaseExpression | None:
+    """The value of the binding among ``found`` made by the last statement before ``node`` in
+    its block that binds the name, when that statement is the binding itself (not an ``if``
+    around one) and the loop does not bind the name again."""
+    block = a.parent(node)
+    body = list(getattr(block, "body", ()))
+    if node not in body or any(a.contains(node, b.node) for b in found):
+        return None
+    for statement in reversed(body[: body.index(node)]):
+        hit = [b for b in found if a.contains(statement, b.node)]
+        if hit:
+            alone = len(hit) == 1 and a.statement_of(hit[0].node) is statement
+            return hit[0].value if alone else None
+    return None
 
 
 def _see_through(a: Analysis, path: str) -> None:
