@@ -382,7 +382,15 @@ def _explain_hidden_step(plan: Plan) -> None:
                     TRAINING_ELSEWHERE,
                 )
                 return
-    for call, scope in a.calls:
+    # A call handed an optimizer first: open-reid's ``metric.train(model, train_loader)`` fits
+    # a distance metric, ``trainer.train(epoch, train_loader, optimizer)`` below it trains.
+    steps_an_optimizer = {
+        id(call)
+        for call, scope in a.calls
+        for arg in call.args
+        if (key := key_of(arg.value)) is not None and a.role(scope, key) is Role.OPTIMIZER
+    }
+    for call, scope in sorted(a.calls, key=lambda found: id(found[0]) not in steps_an_optimizer):
         name = callee_name(call) or ""
         launcher = name.startswith(("train", "fit"))  # train_model_simple, d2l.train_ch3
         if not (launcher or "TrainLoop" in name or name == "run_loop") or not call.args:
