@@ -596,10 +596,12 @@ def _no_optimizer(a: Analysis) -> str:
 
 
 def _takes_parameters(a: Analysis, optimizer: Binding) -> bool:
-    """Whether an optimizer is built from some module's ``parameters()``."""
+    """Whether an optimizer is built from some module's ``parameters()``, or may be: from
+    what a call returns (CSAILVision's ``SGD(group_weight(net_encoder), ...)``)."""
     value = optimizer.value
     if not isinstance(value, cst.Call):
         return True  # built elsewhere: say nothing about it
     if optimized_models(a, optimizer.scope, value):
         return True
-    return "parameters(" in a.module.code_for_node(value)
+    given = value.args[0].value if value.args else None
+    return isinstance(given, cst.Call) or "parameters(" in a.module.code_for_node(value)
