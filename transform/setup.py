@@ -961,7 +961,13 @@ def _handed_to_a_runner(a: Analysis, function: Scope) -> str | None:
         return None
     code = a.module.code_for_node
     for decorator in function.node.decorators:
-        if isinstance(decorator.decorator, cst.Call):
+        called = decorator.decorator
+        # ``@trainer.on(EVENT)`` of an object of the file registers; ``@torch.no_grad()`` wraps
+        if (
+            isinstance(called, cst.Call)
+            and isinstance(called.func, cst.Attribute)
+            and a.names.qualify(called.func) is None
+        ):
             return (
                 f"{function.name}() is handed to the @{code(decorator.decorator.func)}(...) "
                 f"decorator (line {a.line(decorator)})"
