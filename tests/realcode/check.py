@@ -78,6 +78,13 @@ FIRST_SIGHT_PLAIN_9 = HERE / "first_sight_plain_9.csv"
 # pytorch-vae, wide-residual-networks, swa, pytorch-template), at 65650ac, refusals reviewed by
 # two helpers: 37 files.
 FIRST_SIGHT_PLAIN_10 = HERE / "first_sight_plain_10.csv"
+# Sixteen more (CSAILVision's semantic segmentation, Swin-Transformer-V2, open-reid,
+# Dive-into-DL-PyTorch, face.evoLVe, bentrevett's image classification, pytorch-trpo,
+# kuangliu's retinanet, lucidrains' stylegan2, eat_pytorch_in_20_days, ignite's examples,
+# pytorch-custom-dataset-examples, BasicSR, zalandoresearch's vq-vae, two Lightning repositories),
+# at d1a0ab0 (this session's converter, nothing fixed for them yet), refusals reviewed by two
+# helpers: 37 files.
+FIRST_SIGHT_PLAIN_11 = HERE / "first_sight_plain_11.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -92,6 +99,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_8,
     FIRST_SIGHT_PLAIN_9,
     FIRST_SIGHT_PLAIN_10,
+    FIRST_SIGHT_PLAIN_11,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as
