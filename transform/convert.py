@@ -129,9 +129,10 @@ def _refuse_training_elsewhere(plan: Plan) -> None:
                 call,
                 STEP_OUTSIDE_SETUP,
                 unfollowed(plan.analysis, scope)
-                or f"this training step in {scope.name}() does not run from "
-                f"{setup.scope.name}(), where the objects accel-convert would prepare are built: "
-                "a step outside their setup would stay unconverted; convert by hand",
+                or f"this training step in {scope.name}() is not reached from "
+                f"{setup.scope.name}(), where the objects accel-convert would prepare are built, "
+                "by calls it follows: a step outside their setup would stay unconverted; convert "
+                "by hand",
             )
 
 
@@ -325,9 +326,9 @@ def _explain_no_setup(plan: Plan) -> None:
             "neither builds nor is handed (a global, or built elsewhere): prepare() needs the "
             "model and its optimizer in one place; convert by hand"
             if scope in reachable(a, built.scope)
-            else f"the training step {here} does not run from where its optimizer is built "
-            f"({there}, line {a.line(built.node)}): it is reached through an object or a "
-            "return value accel-convert does not follow; convert by hand"
+            else f"the training step {here} is not reached from where its optimizer is built "
+            f"({there}, line {a.line(built.node)}) by calls accel-convert follows: it goes "
+            "through an object or a return value; convert by hand"
         )
     else:
         why = (

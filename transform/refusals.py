@@ -166,10 +166,11 @@ SECOND_SETUP = Refusal(
 STEP_OUTSIDE_SETUP = Refusal(
     "ACR204",
     "step-outside-setup",
-    "a training step does not run from the setup that builds its objects",
+    "a training step is not reached from the setup that builds its objects",
     "The objects prepare() would wrap are built in one function, but a `.backward()` that "
-    "trains them runs from elsewhere (a function the setup never calls, a callback registered "
-    "for later). That step would stay unconverted beside converted objects.",
+    "trains them is not reached from it by calls accel-convert follows (a function the setup "
+    "never calls, a callback registered for later, a step an engine or a runner object runs). "
+    "That step would stay unconverted beside converted objects.",
     "def setup():\n    model, optimizer = Net(), SGD(...)\n    return model, optimizer\n\n"
     "def step(model, optimizer, x, y):\n    criterion(model(x), y).backward()",
     "Call the training from the function that builds its objects (or build them where the "

@@ -990,7 +990,8 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
                 node,
                 STEP_OUTSIDE_SETUP,
                 unfollowed(a, a.scope_of[id(node)])
-                or f"this training step does not run from {setup.scope.name}()",
+                or f"this training step is not reached from {setup.scope.name}() by calls "
+                "accel-convert follows (an object or a callback may run it)",
             )
         anchors.extend(found)
         after_scope = after_scope or not found
