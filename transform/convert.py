@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import libcst as cst
 
@@ -26,7 +27,7 @@ from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
 from accelify.transform.loss_scaler import method_trains, trains_beside
-from accelify.transform.neighbours import distributing_functions, fetching_imports
+from accelify.transform.neighbours import class_beside, distributing_functions, fetching_imports
 from accelify.transform.patterns import (
     OPTIMIZERS,
     PREFIX,
@@ -452,6 +453,73 @@ def _explain_hidden_step(plan: Plan) -> None:
                 TRAINING_ELSEWHERE,
             )
             return
+    _explain_an_update(plan)
+
+
+# Methods that name a training step: BasicSR's ``model.optimize_parameters(current_iter)``,
+# DomainBed's ``algorithm.update(minibatches)``.
+_STEP_METHODS = frozenset(
+    {"update", "optimize_parameters", "update_parameters", "train_step", "training_step",
+     "learn", "train_on_batch"}
+)  # fmt: skip
+
+
+def _explain_an_update(plan: Plan) -> None:
+    """A file with no ``.backward()`` whose loop calls such a method of an object built by
+    something it imports (directly, or through a name bound to what an import returns:
+    ``algorithm_class = algorithms.get_algorithm_class(name)``): the step may be in there,
+    which the file does not show. Said as what it is, a possibility."""
+    a: Analysis = plan.analysis
+    made = {
+        b.key: q
+        for b in a.bindings
+        if isinstance(b.value, cst.Call)
+        and (q := a.names.qualify(b.value.func)) is not None
+        and _own_code(a.path, q)
+    }
+    for call, scope in a.calls:
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in _STEP_METHODS):
+            continue
+        key = key_of(func.value)
+        built = [b.value for b in a.bindings if b.scope is scope and b.key == key]
+        makers = {
+            (f"{q}(...)" if (q := a.names.qualify(v.func)) and _unread(a.path, q) else None)
+            or (f"what {made[k]}(...) returns" if (k := key_of(v.func) or "") in made else None)
+            if isinstance(v, cst.Call)
+            else None
+            for v in built
+        }
+        maker = makers.pop() if len(makers) == 1 else None
+        if not _in_loop(a, call) or maker is None:
+            continue
+        plan.info(
+            call,
+            f"left unchanged: this file runs no .backward() itself; {key}.{func.attr.value}(...) "
+            f"calls into an object built by {maker}, which this file does not show: if the "
+            "training step is there, convert that code",
+            TRAINING_ELSEWHERE,
+        )
+        return
+
+
+def _unread(path: str, qualified: str) -> bool:
+    """Project code (:func:`_own_code`) that is not a class the agent explanation reads beside
+    the script: one of those that runs no backward is known not to train."""
+    return _own_code(path, qualified) and class_beside(path, qualified) is None
+
+
+def _own_code(path: str, qualified: str) -> bool:
+    """Whether ``qualified`` comes from the script's own project: a module, or a folder of
+    modules, of that name beside the script or in a folder above it (``domainbed.algorithms``
+    for ``domainbed/scripts/train.py``), not an installed library (``tqdm``'s bar updates too)."""
+    top = qualified.lstrip(".").split(".", 1)[0]
+    if not Path(path).is_file():
+        return False
+    folders = list(Path(path).resolve().parents)[:4]
+    return bool(top) and any(
+        (f / f"{top}.py").is_file() or any((f / top).glob("*.py")) for f in folders
+    )
 
 
 def _explain_an_agent(plan: Plan) -> bool:

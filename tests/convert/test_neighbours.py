@@ -310,6 +310,39 @@ def test_a_trainer_re_exported_by_its_package_and_training_in_a_method_is_named(
     assert convert(script, path=_script(tmp_path)).notes == ()
 
 
+def test_an_update_of_an_object_the_project_builds_is_named_as_a_possible_step(
+    tmp_path: Path,
+) -> None:
+    """DomainBed's scripts/train.py runs no backward: its loop calls algorithm.update(...) on an
+    instance of the class algorithms.get_algorithm_class(name) returns, from the project's own
+    package above the script. The note says the step may be in there; an installed library's
+    object updated in a loop (a progress bar) gets none."""
+    package = tmp_path / "domain"
+    (package / "scripts").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "algorithms.py").write_text("def get_algorithm_class(name):\n    return None\n")
+    script = package / "scripts" / "train.py"
+    code = (
+        "from domain import algorithms\n\n"
+        "algorithm_class = algorithms.get_algorithm_class('ERM')\n"
+        "algorithm = algorithm_class(4, 2)\n"
+        "for step in range(10):\n    algorithm.update([step])\n"
+    )
+    script.write_text(code)
+    (note,) = convert(code, path=str(script)).notes
+    assert note.line == 6 and note.info and note.refusal == "ACR106"
+    assert (
+        "algorithm.update(...) calls into an object built by what "
+        "domain.algorithms.get_algorithm_class(...) returns" in note.message
+    )
+    bar = (
+        "from tqdm import tqdm\n\npbar = tqdm(total=10)\n"
+        "for step in range(10):\n    pbar.update(1)\n"
+    )
+    script.write_text(bar)
+    assert convert(bar, path=str(script)).notes == ()
+
+
 def test_a_model_moved_by_a_helper_beside_the_script_is_refused(tmp_path: Path) -> None:
     """Beta-VAE's ``from utils import cuda``: the helper returns what it is given moved to the
     GPU when a flag asks for it, for the model and the batches alike. Converted, the model would
