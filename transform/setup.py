@@ -20,6 +20,7 @@ from accelify.transform.analysis import (
     Binding,
     Loop,
     Scope,
+    arguments,
     attribute_links,
     call_links,
     key_of,
@@ -309,14 +310,71 @@ def in_training_step(a: Analysis, node: cst.CSTNode) -> bool:
     current = a.parent(node)
     in_loop = False
     while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
-        if isinstance(current, cst.With) and any(
-            isinstance(i.item, cst.Call) and callee_name(i.item) in _NO_GRAD for i in current.items
-        ):
+        if _no_grad_block(current):
             return False
         if isinstance(current, cst.For | cst.While):
             in_loop = in_loop or any(lp.node is current and lp.trains for lp in a.loops)
         current = a.parent(current)
     return in_loop
+
+
+def _no_grad_block(node: cst.CSTNode) -> bool:
+    """``with torch.no_grad():`` (or ``inference_mode()``)."""
+    return isinstance(node, cst.With) and any(
+        isinstance(i.item, cst.Call) and callee_name(i.item) in _NO_GRAD for i in node.items
+    )
+
+
+def _under_no_grad(a: Analysis, node: cst.CSTNode) -> bool:
+    """In a ``with torch.no_grad():`` block of its function, or in a function decorated with
+    ``@torch.no_grad()``."""
+    current = a.parent(node)
+    while current is not None and not isinstance(current, cst.FunctionDef | cst.Module):
+        if _no_grad_block(current):
+            return True
+        current = a.parent(current)
+    return isinstance(current, cst.FunctionDef) and any(
+        isinstance(d.decorator, cst.Call) and callee_name(d.decorator) in _NO_GRAD
+        for d in current.decorators
+    )
+
+
+# What a frozen module may do besides running under no_grad: nothing that computes with it.
+_FROZEN_USES = frozenset({"eval", "train", "to", "cuda", "cpu", "load_state_dict", "state_dict"})
+
+
+def _frozen(a: Analysis, scope: Scope, key: str, seen: set[tuple[int, str]]) -> bool:
+    """Whether the module ``key`` holds in ``scope`` only ever runs under ``torch.no_grad()``
+    (SimCLR's linear evaluation extracts features with its pretrained encoder): it computes no
+    gradient, so running it apart from the wrapper shares none. Followed into the functions
+    of this file it is handed to; handed to any other call, or a method of it called to
+    compute (``key.encode(x)``, ``key.parameters()``), it is not frozen."""
+    if (id(scope.node), key) in seen:
+        return True
+    seen.add((id(scope.node), key))
+    for call, where in a.calls:
+        if where is not scope:
+            continue
+        func = call.func
+        if key_of(func) == key and not _under_no_grad(a, call):
+            return False
+        if (
+            isinstance(func, cst.Attribute)
+            and key_of(func.value) == key
+            and func.attr.value not in _FROZEN_USES
+            and not _under_no_grad(a, call)
+        ):
+            return False
+        handed = [arg for arg in call.args if key_of(arg.value) == key]
+        if not handed:
+            continue
+        callee = a.callee(call)
+        if callee is None:
+            return False
+        params = [p for p, value in arguments(call, callee) if key_of(value) == key]
+        if len(params) < len(handed) or not all(_frozen(a, callee, p, seen) for p in params):
+            return False
+    return True
 
 
 def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
@@ -552,7 +610,9 @@ def _trained_in_place_of_its_bare_name(a: Analysis, setup: Setup, keys: list[str
     scope = setup.scope
     called = _trained_models(a, setup) | _called_in_training(a, setup)
     unprepared = {
-        k for k in called - set(keys) if _bound_here(a, scope, k) and not _a_loss(a, scope, k)
+        k
+        for k in called - set(keys)
+        if _bound_here(a, scope, k) and not _a_loss(a, scope, k) and not _frozen(a, scope, k, set())
     }
     out = []
     for key in keys:
