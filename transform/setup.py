@@ -575,11 +575,13 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 f"state_dict keys change, and code that moves or saves {cls.name.value} reaches "
                 "the wrapper); convert by hand",
             )
-        if key in scope.params:
+        param = key if key in scope.params else _alias_of_a_parameter(a, scope, key)
+        if param is not None:
+            named = key if param == key else f"{key} (bound from {param})"
             raise Refused(
                 optimizers[0].node,
                 OBJECTS_NOT_FOLLOWED,
-                f"{key} comes in as a parameter of {scope.name}(): whoever calls it owns the "
+                f"{named} comes in as a parameter of {scope.name}(): whoever calls it owns the "
                 "model (and may share it with other processes); convert where it is built",
             )
         if not _bound_here(a, scope, key):
@@ -590,6 +592,21 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 "needs both in one place",
             )
     return [*models, *(b.key for b in optimizers)]
+
+
+def _alias_of_a_parameter(a: Analysis, scope: Scope, key: str) -> str | None:
+    """The parameter of ``scope`` that some binding of the plain name ``key`` there names,
+    moved or not (efficient_densenet's ``model_wrapper = model`` in ``train(model, ...)``), or
+    None. A trainer class's ``self.model = model.to(device)`` in ``__init__`` is its own case:
+    the object keeps the model it is given."""
+    if key.startswith("self."):
+        return None
+    for b in a.bindings:
+        if b.scope is scope and b.key == key and b.value is not None:
+            named = key_of(unwrap_moves(b.value))
+            if named is not None and named in scope.params:
+                return named
+    return None
 
 
 def _handed_back(b: Binding) -> bool:
