@@ -13,7 +13,6 @@ its device then already, with inputs the script puts there: its move stays, made
 from __future__ import annotations
 
 import ast
-import textwrap
 
 import libcst as cst
 
@@ -181,7 +180,8 @@ def _moving(plan: Plan, call: cst.Call) -> bool:
     a = plan.analysis
     local = a.callee(call)
     if local is not None and isinstance(local.node, cst.FunctionDef):
-        tree = ast.parse(textwrap.dedent(a.module.code_for_node(local.node)))
+        # libcst writes a nested definition out on its own, at column 0
+        tree = ast.parse(a.module.code_for_node(local.node.with_changes(decorators=())))
         return moves_its_argument(tree.body[0])  # type: ignore[arg-type]
     qualified = a.names.qualify(call.func)
     return qualified is not None and "." in qualified and moving_function(a.path, qualified)
