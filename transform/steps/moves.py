@@ -12,8 +12,6 @@ its device then already, with inputs the script puts there: its move stays, made
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 
 from accelify.transform import patterns
@@ -40,6 +38,7 @@ from accelify.transform.patterns import (
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import HAND_PICKED_DEVICE
 from accelify.transform.setup import Refused, origins
+from accelify.transform.sources import python_ast
 
 
 def device_move(call: cst.CSTNode, a: Analysis) -> cst.Call | None:
@@ -181,8 +180,8 @@ def _moving(plan: Plan, call: cst.Call) -> bool:
     local = a.callee(call)
     if local is not None and isinstance(local.node, cst.FunctionDef):
         # libcst writes a nested definition out on its own, at column 0
-        tree = ast.parse(a.module.code_for_node(local.node.with_changes(decorators=())))
-        return moves_its_argument(tree.body[0])  # type: ignore[arg-type]
+        code = a.module.code_for_node(local.node.with_changes(decorators=()))
+        return moves_its_argument(python_ast(code, a.path).body[0])  # type: ignore[arg-type]
     qualified = a.names.qualify(call.func)
     return qualified is not None and "." in qualified and moving_function(a.path, qualified)
 
