@@ -470,28 +470,16 @@ def _explain_an_update(plan: Plan) -> None:
     ``algorithm_class = algorithms.get_algorithm_class(name)``): the step may be in there,
     which the file does not show. Said as what it is, a possibility."""
     a: Analysis = plan.analysis
-    made = {
-        b.key: q
-        for b in a.bindings
-        if isinstance(b.value, cst.Call)
-        and (q := a.names.qualify(b.value.func)) is not None
-        and _own_code(a.path, q)
-    }
     for call, scope in a.calls:
         func = call.func
-        if not (isinstance(func, cst.Attribute) and func.attr.value in _STEP_METHODS):
+        if not isinstance(func, cst.Attribute) or func.attr.value not in _STEP_METHODS:
+            continue
+        if not _in_loop(a, call):
             continue
         key = key_of(func.value)
-        built = [b.value for b in a.bindings if b.scope is scope and b.key == key]
-        makers = {
-            (f"{q}(...)" if (q := a.names.qualify(v.func)) and _unread(a.path, q) else None)
-            or (f"what {made[k]}(...) returns" if (k := key_of(v.func) or "") in made else None)
-            if isinstance(v, cst.Call)
-            else None
-            for v in built
-        }
+        makers = {_maker(a, b.value) for b in a.bindings if b.scope is scope and b.key == key}
         maker = makers.pop() if len(makers) == 1 else None
-        if not _in_loop(a, call) or maker is None:
+        if maker is None:
             continue
         plan.info(
             call,
@@ -501,6 +489,27 @@ def _explain_an_update(plan: Plan) -> None:
             TRAINING_ELSEWHERE,
         )
         return
+
+
+def _maker(a: Analysis, value: cst.BaseExpression | None) -> str | None:
+    """What of the project's own code builds ``value``: ``basicsr.models.create_model(...)``,
+    or ``what domainbed.algorithms.get_algorithm_class(...) returns`` for a call of a name
+    bound to that; None for anything else."""
+    if not isinstance(value, cst.Call):
+        return None
+    qualified = a.names.qualify(value.func)
+    if qualified is not None:
+        return f"{qualified}(...)" if _unread(a.path, qualified) else None
+    named = key_of(value.func)
+    returned = [
+        q
+        for b in a.bindings
+        if b.key == named
+        and isinstance(b.value, cst.Call)
+        and (q := a.names.qualify(b.value.func)) is not None
+        and _own_code(a.path, q)
+    ]
+    return f"what {returned[-1]}(...) returns" if returned else None
 
 
 def _unread(path: str, qualified: str) -> bool:
