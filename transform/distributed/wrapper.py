@@ -85,7 +85,7 @@ def unwrap_ddp(r: Rewrite) -> None:
         if target is not None and key_of(target) is not None:
             r.wrapped.add((r.owner(scope, key_of(target)), key_of(target)))  # type: ignore[arg-type]
         if wrapper == WRAPPERS[1]:
-            if _drop_data_parallel(r, call, model, target, line):
+            if _drop_data_parallel(r, call, model, parent, scope):
                 everywhere.append(call)
             continue
         same = target is not None and _already(r, scope, target, model)
@@ -117,19 +117,14 @@ def unwrap_ddp(r: Rewrite) -> None:
 
 
 def _drop_data_parallel(
-    r: Rewrite,
-    call: cst.Call,
-    model: cst.BaseExpression,
-    target: cst.BaseExpression | None,
-    line: cst.CSTNode | None,
+    r: Rewrite, call: cst.Call, model: cst.BaseExpression, parent: cst.CSTNode, scope: Scope
 ) -> bool:
-    """Remove ``nn.DataParallel(model)``, and the ``if`` around it where it only wrapped; True
-    when it wrapped the model on every path."""
+    """Remove ``nn.DataParallel(model)`` (assigned by ``parent``, in ``scope``), and the ``if``
+    around it where it only wrapped; True when it wrapped the model on every path."""
     a = r.analysis
     code = a.module.code_for_node
-    scope = a.scope_of[id(call)]
-    parent = a.parent(call)
-    parent = _assigning(a, call) or parent  # ``model = nn.DataParallel(model).cuda()`` too
+    line = a.parent(parent) if isinstance(parent, cst.Assign) else None
+    target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
     branch, kept = _optional_branch(r, call, line)
     already = target is not None and _already(r, scope, target, model)
     if target is None or (branch is not None and not already):
