@@ -412,16 +412,18 @@ def batch_names(a: Analysis, loop: Loop) -> set[str]:
 def _drop_batch_move(plan: Plan, move: cst.Call, receiver: str) -> None:
     a = plan.analysis
     parent = a.parent(move)
-    if _self_assign(parent, receiver, move) or _is_tuple_of_moves(a, parent, move):
+    if _self_assign(parent, receiver, move) or _is_tuple_of_moves(plan, parent, move):
         plan.remove(a.statement_of(move))
     else:
         plan.edits.replace(move, without_move)
     plan.changed(move, f"removed the move of {receiver}: prepared loaders place batches")
 
 
-def _is_tuple_of_moves(a: Analysis, element: cst.CSTNode | None, move: cst.Call) -> bool:
-    """``x, y = x.to(device), y.to(device)``: every element moves the name it is assigned to,
-    and only moves it (a cast stays)."""
+def _is_tuple_of_moves(plan: Plan, element: cst.CSTNode | None, move: cst.Call) -> bool:
+    """``x, y = x.to(device), y.to(device)``: every element moves the batch name it is assigned
+    to, and only moves it (a cast stays). A name the loop makes itself (``z = torch.rand(...)``
+    in ``x, z = x.cuda(), z.cuda()``) keeps its move."""
+    a = plan.analysis
     tup = a.parent(element) if isinstance(element, cst.Element) else None
     assign = a.parent(tup) if isinstance(tup, cst.Tuple) else None
     pairs = unpacked(assign) if isinstance(assign, cst.Assign) else None
@@ -429,7 +431,10 @@ def _is_tuple_of_moves(a: Analysis, element: cst.CSTNode | None, move: cst.Call)
         return False
     for target, value in pairs:
         inner = device_move(value, a)
-        if inner is None or key_of(inner.func.value) != key_of(target):  # type: ignore[union-attr]
+        key = key_of(target)
+        if inner is None or key is None or key_of(inner.func.value) != key:  # type: ignore[union-attr]
+            return False
+        if not _is_batch(plan, inner, key):
             return False
         if _besides_device(inner):
             return False
