@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes, names_in
+from accelify.transform.model_runners import only_runs
 from accelify.transform.neighbours import uses_only
 from accelify.transform.patterns import (
     LOG_METHODS,
@@ -524,7 +525,8 @@ def _helper_reads(
     model_without_ddp, optimizer=optimizer)``: a function beside the file that reads what it is
     handed only as :data:`_HELPER_READS` allows. Before prepare(), the bare model may be read
     in any way that keeps no hold of it (``initialize_weights(gen)``: ``nn.init`` over its
-    modules): whatever it does, prepare() then wraps the module as it is."""
+    modules): whatever it does, prepare() then wraps the module as it is. After it, a helper
+    may run the prepared model (:func:`only_runs`: ``validate(net, loader)``)."""
     qualified = a.names.qualify(call.func)
     attributes = _HELPER_READS.get(use.role)
     if use.role is Role.MODEL and not use.bare:
@@ -544,7 +546,10 @@ def _helper_reads(
         for i, other in enumerate(call.args)
         if not other.star and _an_object(a, use.scope, other.value)
     ]
-    return uses_only(a.path, qualified, _landing(call, arg), attributes, objects)
+    landing = _landing(call, arg)
+    if use.role is Role.MODEL and not use.bare and only_runs(a.path, qualified, landing):
+        return True  # ``validate(net, loader)``: forwards the wrapper answers as its module
+    return uses_only(a.path, qualified, landing, attributes, objects)
 
 
 def _landing(call: cst.Call, arg: cst.Arg) -> int | str:
