@@ -15,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.transform.analysis import Scope, key_of
+from accelify.transform.gradient_penalty import penalty_alone
 from accelify.transform.patterns import Role, dotted_name, method_call
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import ACCUMULATION, MIXED_PRECISION, UNSYNCED_GRADIENTS
@@ -33,6 +34,7 @@ def backward(plan: Plan) -> None:
     if plan.setup is None:
         return
     a = plan.analysis
+    _refuse_double_backward(plan)
     for call, scope, _loop in a.backward_calls:
         if method_call(call, "backward") is None:
             _keep_loss_scaler(plan, call)
@@ -50,6 +52,21 @@ def backward(plan: Plan) -> None:
         accelerator = plan.accelerator(call)
         plan.edits.replace(call, lambda node, acc=accelerator: to_accelerator_backward(acc, node))
         plan.changed(call, swapped(a.module, receiver, receiver))
+
+
+def _refuse_double_backward(plan: Plan) -> None:
+    """A backward through a gradient penalty alone (see :mod:`gradient_penalty`)."""
+    call = penalty_alone(plan.analysis, plan.setup, plan.training)  # type: ignore[arg-type]
+    if call is not None:
+        raise Refused(
+            call,
+            UNSYNCED_GRADIENTS,
+            "this backward runs through a gradient penalty alone (torch.autograd.grad(..., "
+            "create_graph=True)), with no forward of the model besides the penalty's: under "
+            "DistributedDataParallel a parameter the penalty does not reach (a last layer's "
+            "bias) never finishes reducing, and the next forward fails on every process; add "
+            "the penalty to a loss of the model's own outputs, then convert again",
+        )
 
 
 def _keep_loss_scaler(plan: Plan, call: cst.Call) -> None:
