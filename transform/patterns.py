@@ -368,9 +368,9 @@ def disk_writer(call: cst.Call, names: Names) -> str | None:
     name = names.last_part(call.func)
     if name in DISK_WRITERS and names.from_package(call.func, *DISK_WRITERS[name]):
         return name
-    if name in DISK_WRITER_METHODS and isinstance(call.func, cst.Attribute):
-        return name
-    return None
+    # A method of any object, named or made right there (``pd.DataFrame(log).to_csv(path)``).
+    method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    return method if method in DISK_WRITER_METHODS else None
 
 
 # In-memory files: a writer handed one writes nothing to the disk, and each process its own.

@@ -338,9 +338,12 @@ def _enclose(
 
 
 def _what(call: cst.Call) -> str:
-    return (
-        "writing with open()" if callee_name(call) == "open" else dotted_name(call.func) or "this"
-    )
+    if callee_name(call) == "open":
+        return "writing with open()"
+    name = dotted_name(call.func)
+    if name is None and isinstance(call.func, cst.Attribute):
+        return f"...{call.func.attr.value}()"  # ``pd.DataFrame(log).to_csv(path)``
+    return name or "this"
 
 
 def _alone(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
