@@ -7,6 +7,7 @@ the file the user wrote, and steps cannot trip over each other's rewrites.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -204,7 +205,10 @@ def _convert_distributed(
     if (unprinted := _unprinted(module, source)) is not None:
         return unprinted
     plan = plan_conversion(d.module, options, path, _extra(d))
-    notes = [replace(n, line=d.original_line(n.line)) for n in plan.notes]
+    notes = [
+        replace(n, line=d.original_line(n.line), message=_original_lines(n.message, d))
+        for n in plan.notes
+    ]
     refused = _whole_file_refusals(module, d, plan)
     if plan.setup is None or not plan.edits or refused:
         why = (
@@ -247,8 +251,20 @@ def _whole_file_refusals(module: cst.Module, d: Dedistributed, plan: Plan) -> tu
     for node in nodes(module, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
         starts.setdefault(lines[id(node)], node)  # source order: the outermost comes first
     return tuple(
-        replace(n, line=(line := d.original_line(n.line)), node=starts.get(line)) for n in refused
+        replace(
+            n,
+            line=(line := d.original_line(n.line)),
+            node=starts.get(line),
+            message=_original_lines(n.message, d),
+        )
+        for n in refused
     )
+
+
+def _original_lines(message: str, d: Dedistributed) -> str:
+    """A message that names a line of the single-process form (``the optimizer built in
+    _select_optimizer() (line 104)``) names it in the file as written."""
+    return re.sub(r"\bline (\d+)", lambda m: f"line {d.original_line(int(m[1]))}", message)
 
 
 def _unprinted(module: cst.Module, source: str) -> Result | None:

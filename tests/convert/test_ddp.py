@@ -380,3 +380,39 @@ def test_a_sharded_loader_a_factory_returns_for_training_is_prepared() -> None:
 def test_a_sharded_loader_a_factory_returns_unprepared_is_refused() -> None:
     result = convert(FACTORY.format(walked="test_loader"))
     assert "would not prepare it" in _refusal(result)
+
+
+def test_a_line_a_message_names_is_the_line_of_the_file_as_written() -> None:
+    """Removing a two-line DataParallel shifts the single-process form up; the refusal still
+    names the optimizer's own line (17), not the shifted one."""
+    source = """import torch
+import torch.nn as nn
+from torch import optim
+
+
+class Exp:
+    def __init__(self, args):
+        model = build()
+        if args.multi:
+            model = nn.DataParallel(model, device_ids=args.ids)
+        self.model = model
+
+    def _get_data(self):
+        return 1
+
+    def _select_optimizer(self):
+        model_optim = optim.Adam(self.model.parameters(), lr=0.1)
+        return model_optim
+
+    def train(self, loader):
+        model_optim = self._select_optimizer()
+        for x, y in loader:
+            loss = self.model(x)
+            loss.backward()
+            model_optim.step()
+"""
+    result = convert(source)
+    assert result.code == source
+    (note,) = [n for n in result.notes if n.manual]
+    assert "_select_optimizer() (line 17)" in note.message
+    assert note.line == 24
