@@ -28,12 +28,18 @@ from accelify.transform.edits import apply
 from accelify.transform.gate import file_verdict
 from accelify.transform.lines import start_lines
 from accelify.transform.loss_scaler import method_trains, trains_beside
-from accelify.transform.neighbours import class_beside, distributing_functions, fetching_imports
+from accelify.transform.neighbours import (
+    class_beside,
+    distributing_functions,
+    fetching_imports,
+    writing_functions,
+)
 from accelify.transform.patterns import (
     OPTIMIZERS,
     PREFIX,
     Role,
     callee_name,
+    constructor_role,
     dotted_name,
     method_call,
 )
@@ -307,6 +313,8 @@ def plan_conversion(
     plan = Plan(analysis, options, setup)
     if setup is not None:  # reads the modules beside the script: only when it will be converted
         plan.fetching_imports = fetching_imports(path, analysis.names.imports)
+        called = {analysis.names.qualify(call.func) for call, _scope in analysis.calls}
+        plan.writing_functions = writing_functions(path, {q for q in called if q and "." in q})
     try:
         _refuse_training_elsewhere(plan)
         _refuse_distribution_elsewhere(plan, path)
@@ -332,8 +340,18 @@ def _explain_no_setup(plan: Plan) -> None:
     call, scope, _loop = a.backward_calls[0]
     here = "at module level" if scope.is_module else f"in {scope.name}()"
     optimizers = [b for b in a.bindings if a.role(b.scope, b.key) is Role.OPTIMIZER]
+    made = [b for b in optimizers if isinstance(b.value, cst.Call)]
     if not optimizers:
         why = _no_optimizer(a)
+    elif made and all(constructor_role(b.value, a.names) is None for b in made):
+        # ``self.optimizer = self.faster_rcnn.get_optimizer()``: a method or a function of
+        # another file builds it, from parameters this file does not show
+        b = made[0]
+        why = (
+            f"its optimizer comes from {a.module.code_for_node(b.value.func)}(...) (line "  # type: ignore[union-attr]
+            f"{a.line(b.node)}), which this file does not show: which model's parameters it "
+            "holds cannot be checked, so prepare() has nothing to pair it with; convert by hand"
+        )
     elif not any(_takes_parameters(a, b) for b in optimizers):
         why = "its optimizer trains tensors, not a model's parameters"
     elif built := next((b for b in optimizers if isinstance(b.value, cst.Call)), None):

@@ -12,10 +12,12 @@ through another function of the same file.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from accelify.transform.patterns import DISK_WRITER_METHODS, DISK_WRITERS
 from accelify.transform.sources import SourceError, python_ast, read
 from accelify.transform.trackers import tracked_run
 
@@ -34,13 +36,24 @@ PROCESS_GROUP_READS = frozenset(
 def fetching_imports(path: str, imports: Mapping[str, str]) -> frozenset[str]:
     """The qualified names (``data.get_training_set``) among ``imports`` whose function, in a
     module next to ``path``, downloads or extracts files."""
-    return neighbour_functions(path, imports.values(), _fetches)
+    return neighbour_functions(path, imports.values(), lambda call, _imported: _fetches(call))
+
+
+def writing_functions(path: str, qualified: Iterable[str]) -> frozenset[str]:
+    """The names (``utils.save_checkpoint``) among ``qualified`` whose function, in a
+    module next to ``path``, writes files (``torch.save``, ``plt.savefig``, ``open(p, "w")``)
+    and keeps to itself: no ``global``, nothing stored into what it is handed, no rank asked
+    nor collective run (``save_on_master`` already writes on one process, and a barrier in it
+    would wait for the others). On the main process alone it does all it did on each."""
+    qualified = set(qualified)
+    writing = neighbour_functions(path, qualified, _writes, _keeps_to_itself)
+    return writing - process_group_readers(path, qualified)
 
 
 def distributing_functions(path: str, qualified: Iterable[str]) -> frozenset[str]:
     """The qualified names (``util.misc.init_distributed_mode``) among ``qualified`` whose
     function, in a module next to ``path``, starts the process group."""
-    return neighbour_functions(path, qualified, lambda call: callee(call) in PROCESS_GROUP)
+    return neighbour_functions(path, qualified, lambda call, _: callee(call) in PROCESS_GROUP)
 
 
 def assigned_attributes(path: str, qualified: str) -> frozenset[str] | None:
@@ -204,7 +217,7 @@ def uses_only(
     function = defined_in(tree, name, ast.FunctionDef)
     if function is None or function.decorator_list:
         return False
-    param = _parameter(function, arg)
+    param = parameter(function, arg)
     if param is None:
         return False
     parents = {
@@ -215,7 +228,7 @@ def uses_only(
         for n in ast.walk(function)
         if n is not function
     )
-    present = {_parameter(function, o) for o in objects} - {None}
+    present = {parameter(function, o) for o in objects} - {None}
     dead = {id(n) for branch in _branches_for_none(function, present) for n in ast.walk(branch)}
     uses = [
         n
@@ -263,7 +276,7 @@ def _hands_on(function: ast.FunctionDef, param: str, dead: set[int]) -> bool:
     return False
 
 
-def _parameter(function: ast.FunctionDef, arg: int | str) -> str | None:
+def parameter(function: ast.FunctionDef, arg: int | str) -> str | None:
     """The parameter a call's positional index or keyword lands on."""
     arguments = function.args
     positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
@@ -362,7 +375,7 @@ def class_beside(path: str, qualified: str) -> tuple[ast.ClassDef, str] | None:
                     break
     if cls is None:
         return None
-    return cls, file.relative_to(folder).as_posix()
+    return cls, Path(os.path.relpath(file, folder)).as_posix()
 
 
 def beside(path: str, qualified: str) -> tuple[ast.Module | None, str]:
@@ -449,15 +462,21 @@ def _own_nodes(node: ast.AST) -> list[ast.AST]:
 def process_group_readers(path: str, qualified: Iterable[str]) -> frozenset[str]:
     """The names among ``qualified`` whose function, beside ``path``, asks torch.distributed
     about the processes (``get_rank()``, ``is_main_process()``)."""
-    return neighbour_functions(path, qualified, lambda call: callee(call) in PROCESS_GROUP_READS)
+    return neighbour_functions(path, qualified, lambda call, _: callee(call) in PROCESS_GROUP_READS)
 
 
 def neighbour_functions(
-    path: str, qualified: Iterable[str], does: Callable[[ast.Call], bool]
+    path: str,
+    qualified: Iterable[str],
+    does: Callable[[ast.Call, dict[str, str]], bool],
+    keeps: Callable[[ast.FunctionDef | ast.AsyncFunctionDef | None, dict[str, str]], bool] = (
+        lambda _function, _imported: True
+    ),
 ) -> frozenset[str]:
     """The names among ``qualified`` (``module.function``, relative ones with their dots) whose
-    function, in a module beside ``path``, makes a call ``does`` picks, itself or through
-    another function of its file."""
+    function, in a module beside ``path``, makes a call ``does`` picks (handed the module's
+    imports, local name -> qualified), itself or through another function of its file, and
+    that ``keeps`` accepts."""
     script = Path(path)
     if not script.is_file():
         return frozenset()
@@ -471,11 +490,30 @@ def neighbour_functions(
     for module, functions in by_module.items():
         tree = _parse(module_file(script.parent, module))
         if tree is not None:
-            found.update(f"{module}.{f}" for f in functions & _functions_that(tree, does))
+            doing, imported = _functions_that(tree, does), _imported(tree)
+            found.update(
+                f"{module}.{f}"
+                for f in functions & doing
+                if keeps(defined_in(tree, f, (ast.FunctionDef, ast.AsyncFunctionDef)), imported)
+            )
     return frozenset(name for name in names if name.lstrip(".") in found)
 
 
 def module_file(folder: Path, module: str) -> Path:
+    """The file of ``module`` beside a script in ``folder``; a package's own absolute import
+    (``from gae.utils import ...`` in ``gae/train.py``, run from the folder above) is looked
+    for in the folders above, up to three."""
+    found = _in_folder(folder, module)
+    first = module.split(".", 1)[0]
+    if found.is_file() or "." not in module:
+        return found
+    for above in list(folder.parents)[:3]:
+        if (above / first).is_dir() and (candidate := _in_folder(above, module)).is_file():
+            return candidate
+    return found
+
+
+def _in_folder(folder: Path, module: str) -> Path:
     base = folder.joinpath(*module.split("."))
     package = base / "__init__.py"
     return package if package.is_file() else base.with_suffix(".py")
@@ -490,14 +528,15 @@ def _parse(file: Path) -> ast.Module | None:
         return None  # a module we cannot read (or parse: nested too deeply) tells us nothing
 
 
-def _functions_that(tree: ast.Module, does: Callable[[ast.Call], bool]) -> set[str]:
+def _functions_that(tree: ast.Module, does: Callable[[ast.Call, dict[str, str]], bool]) -> set[str]:
+    imported = _imported(tree)
     functions = {
         node.name: node
         for node in tree.body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     calls = {name: list(calls_in(node)) for name, node in functions.items()}
-    doing = {name for name, found in calls.items() if any(does(c) for c in found)}
+    doing = {name for name, found in calls.items() if any(does(c, imported) for c in found)}
     while True:  # a function calling one that does it does it too
         more = {
             name
@@ -518,6 +557,96 @@ def callee(call: ast.Call) -> str | None:
     if isinstance(func, ast.Attribute):
         return func.attr
     return func.id if isinstance(func, ast.Name) else None
+
+
+def drawing_functions(path: str, qualified: Iterable[str]) -> frozenset[str]:
+    """The names (``utils.mask_test_edges``) among ``qualified`` whose function, in a module
+    beside ``path``, draws from the process's own random stream as it runs (``np.random.shuffle``,
+    ``random.sample``, ``torch.randperm``; not in a function it only defines, such as a dataset's
+    per-item transform) and seeds nothing itself."""
+    return neighbour_functions(path, qualified, _draws, _draws_itself)
+
+
+def _draws(call: ast.Call, imported: dict[str, str]) -> bool:
+    return _qualified(call, imported).startswith(_DRAWS)
+
+
+def _draws_itself(
+    function: ast.FunctionDef | ast.AsyncFunctionDef | None, imported: dict[str, str]
+) -> bool:
+    if function is None:
+        return False
+    own = [n for n in _own_nodes(function) if isinstance(n, ast.Call)]
+    seeds = {"seed", "manual_seed", "default_rng", "Generator"}
+    return any(_draws(c, imported) for c in own) and not any(
+        callee(c) in seeds for c in calls_in(function)
+    )
+
+
+_DRAWS = ("numpy.random.", "random.", "torch.rand", "torch.multinomial", "torch.normal")
+
+
+def _qualified(call: ast.Call, imported: dict[str, str]) -> str:
+    """``np.random.shuffle`` -> ``numpy.random.shuffle``, by the module's own imports."""
+    dotted = _dotted(call.func) or ""
+    head, _, rest = dotted.partition(".")
+    return ".".join(filter(None, (imported.get(head, head), rest)))
+
+
+def _writes(call: ast.Call, imported: dict[str, str]) -> bool:
+    """A call that writes a file: a writer of :data:`DISK_WRITERS` from its package (or
+    ``torch.save``), a :data:`DISK_WRITER_METHODS` method, ``open`` in a writing mode."""
+    name = callee(call)
+    if name == "open" and isinstance(call.func, ast.Name):
+        mode = call.args[1] if len(call.args) > 1 else None
+        mode = next((k.value for k in call.keywords if k.arg == "mode"), mode)
+        return (
+            isinstance(mode, ast.Constant)
+            and isinstance(mode.value, str)
+            and bool(set(mode.value) & set("wax"))
+        )
+    if name in DISK_WRITER_METHODS:
+        return isinstance(call.func, ast.Attribute)
+    if name not in DISK_WRITERS:
+        return False
+    packages = (*DISK_WRITERS[name], "torch")
+    return _qualified(call, imported).startswith(tuple(f"{p}." for p in packages))
+
+
+def _keeps_to_itself(
+    function: ast.FunctionDef | ast.AsyncFunctionDef | None, _imported: dict[str, str]
+) -> bool:
+    """No ``global``/``nonlocal``, and no store into a parameter (``state.best = acc``,
+    ``history.append(x)``): what every process needs after the call stays the same."""
+    if function is None:
+        return False
+    arguments = function.args
+    params = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Global | ast.Nonlocal):
+            return False
+        for target in _targets(node):
+            if isinstance(target, ast.Attribute | ast.Subscript) and _base(target) in params:
+                return False
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and _base(node.func.value) in params
+            and node.func.attr in _MUTATORS
+        ):
+            return False
+    return True
+
+
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "update", "add", "pop", "clear", "setdefault", "remove"}
+)
+
+
+def _base(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _fetches(call: ast.Call) -> bool:

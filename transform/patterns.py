@@ -106,7 +106,7 @@ DISK_WRITERS = {
     "savez": ("numpy",),
     "savez_compressed": ("numpy",),
     "savetxt": ("numpy",),
-    "imsave": ("matplotlib", "imageio", "skimage"),
+    "imsave": ("matplotlib", "imageio", "skimage", "scipy"),
     "imwrite": ("imageio", "cv2"),
     "mimsave": ("imageio",),
     "mimwrite": ("imageio",),
@@ -396,6 +396,19 @@ def random_draw(call: cst.Call, names: Names) -> bool:
             and dotted not in names.defined
         )
     )
+
+
+def random_stream(call: cst.Call, names: Names) -> str | None:
+    """The stream a :func:`random_draw` draws from: ``"torch"``, ``"numpy"`` or ``"random"``
+    (None for one a star import brought in: its module is not told)."""
+    if not random_draw(call, names):
+        return None
+    dotted = names.qualify(call.func) or dotted_name(call.func) or ""
+    if dotted.startswith("torch."):
+        return "torch"
+    if dotted.startswith(("numpy.", "np.")):
+        return "numpy"
+    return "random" if dotted.startswith("random.") else None
 
 
 _RANDOM_MODULES = ("random.", "numpy.random.", "np.random.")

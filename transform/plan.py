@@ -39,6 +39,8 @@ NOTE_RULES: tuple[tuple[str, str | None], ...] = (
     ("sets CUDA_VISIBLE_DEVICES in every process", "ACL012"),
     ("it also runs the prepared model", "ACL107"),
     ("writes here at once", "ACL107"),
+    ("draws from each process's own random stream", "ACL216"),
+    ("and the training steps read it", "ACL216"),
 )
 
 
@@ -108,8 +110,10 @@ class Plan:
     notes: list[Note] = field(default_factory=list)
     # Arguments the created Accelerator(...) gets, filled by the steps before ``place`` (and by it).
     accelerator_kwargs: dict[str, cst.BaseExpression] = field(default_factory=dict)
-    # Functions imported from the script's own modules that download (see neighbours.py).
+    # Functions imported from the script's own modules that download, or write files and keep to
+    # themselves (see neighbours.py).
     fetching_imports: frozenset[str] = frozenset()
+    writing_functions: frozenset[str] = frozenset()
     # Where the script chooses the CPU, and the ``cpu=`` argument that keeps that choice.
     cpu_choice: tuple[cst.CSTNode, cst.BaseExpression] | None = None
     imports: set[str] = field(default_factory=set)  # names to import from the runtime

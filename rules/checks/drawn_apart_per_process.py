@@ -1,29 +1,42 @@
-"""ACL216 split-after-per-process-seed."""
+"""ACL216 drawn-apart-per-process."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from accelify.rules.facts import RANK_NAMES, Facts, mentions_rank
-from accelify.rules.rule import Invalid, Report, Rule, Severity
+from accelify.rules.imports import ImportsRule
+from accelify.rules.rule import Invalid, Report, Severity
+from accelify.transform.analysis import analyse
+from accelify.transform.draws import drawn_apart, drawn_for_every_step, unseeded_draw
+from accelify.transform.neighbours import drawing_functions
 from accelify.transform.patterns import callee_name, dotted_name, keyword_arg, unseeded_split
 
 _SEEDS = frozenset({"set_seed", "manual_seed", "seed"})
 
 
-class SplitAfterPerProcessSeed(Rule):
-    """A random train/eval split drawn after each process seeded itself differently.
+class DrawnApartPerProcess(ImportsRule):
+    """A random split, or a value every training step reads, drawn apart on each process.
 
     ## What it does
     In a script that seeds per process (`set_seed(seed, device_specific=True)`, or a seed that
     adds the process index), flags `random_split(...)` without `generator=`, scikit-learn's
     `train_test_split(...)` without `random_state=` and `datasets`' `.train_test_split(...)`
-    without `seed=`.
+    without `seed=`. In a script that creates an `Accelerator` and seeds nothing (each process
+    then starts from its own random state), flags those splits too, and a result bound from a
+    function of a module beside the script that draws from an unseeded random stream
+    (`adj_train, ... = mask_test_edges(adj)`, which shuffles with `np.random`): what it draws
+    for is not read, so that finding says so. And, in such a script, a name bound once before
+    training from a draw of a stream nothing seeds (`np.random.permutation(784)` where only
+    torch is seeded) that a training loop reads (accel-convert's note, read by the same
+    analysis).
 
     ## Why is this bad?
     Each process draws its own split: the items one process trains on are in another's eval
-    set, so the evaluation reads training data and the reported scores are too good. Nothing
-    fails; on one process the split is fine.
+    set, so the evaluation reads training data and the reported scores are too good. A value
+    every step applies (a pixel permutation, a random projection) differs from one process to
+    the next, so the replicas learn different tasks and their averaged gradients mix them.
+    Nothing fails; on one process all is fine.
 
     ## Example
     ```python
@@ -40,7 +53,7 @@ class SplitAfterPerProcessSeed(Rule):
     """
 
     code = "ACL216"
-    name = "split-after-per-process-seed"
+    name = "drawn-apart-per-process"
     severity = Severity.WARNING
 
     VALID = (
@@ -49,6 +62,12 @@ class SplitAfterPerProcessSeed(Rule):
         "train, val = random_split(data, [0.9, 0.1], generator=torch.Generator().manual_seed(0))\n",
         "set_seed(args.seed, device_specific=True)\n"
         "parts = raw['train'].train_test_split(test_size=0.1, seed=args.seed)\n",
+        # One process: its split is the only one.
+        "train, val = random_split(data, [0.9, 0.1])\n",
+        # Every stream seeded: each process draws the same permutation; noise drawn per step.
+        "import numpy as np\n\naccelerator = Accelerator()\nset_seed(0)\n"
+        "permute = np.random.permutation(784)\nfor x, y in loader:\n"
+        "    noise = np.random.randn(3)\n    accelerator.backward(model(x[:, permute]).sum())\n",
     )
     INVALID = (
         Invalid(
@@ -62,6 +81,16 @@ class SplitAfterPerProcessSeed(Rule):
             "x_train, x_val, y_train, y_val = train_test_split(x, y, test_size=0.2)\n"
         ),
         Invalid(
+            "import torch\nfrom torch.utils.data import random_split\n\n"
+            "accelerator = Accelerator()\ntrain, val = random_split(data, [0.9, 0.1])\n"
+        ),
+        Invalid(
+            "import numpy as np\nimport torch\n\naccelerator = Accelerator()\n"
+            "torch.manual_seed(0)\npermute = torch.from_numpy(np.random.permutation(784))\n"
+            "for x, y in loader:\n    loss = model(x[:, permute]).sum()\n"
+            "    accelerator.backward(loss)\n"
+        ),
+        Invalid(
             "import torch\n\n\ndef load(seed):\n"
             "    return raw['train'].train_test_split(test_size=0.1)\n\n\n"
             "set_seed(1234, device_specific=True)\n"
@@ -70,12 +99,14 @@ class SplitAfterPerProcessSeed(Rule):
 
     def __init__(self, facts: Facts, reports: list[Report]) -> None:
         super().__init__(facts, reports)
-        self._per_process = False
+        self._seeded = self._per_process = False
         self._splits: list[cst.Call] = []
+        self._bound: list[tuple[cst.Call, str]] = []  # results of imported functions
 
     def visit_Call(self, node: cst.Call) -> None:
         name = callee_name(node)
         if name in _SEEDS and node.args:
+            self._seeded = True
             specific = keyword_arg(node, "device_specific")
             if (specific is not None and _true(specific.value)) or any(
                 _per_process(arg.value) for arg in node.args
@@ -84,16 +115,36 @@ class SplitAfterPerProcessSeed(Rule):
         elif unseeded_split(node):
             self._splits.append(node)
 
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call):
+            qualified = self.names.qualify(node.value.func)
+            if qualified is not None and "." in qualified:
+                self._bound.append((node.value, qualified))
+
     def leave_Module(self, node: cst.Module) -> None:
-        if not self._per_process:
+        if self._per_process:
+            why = "each process seeded itself differently"
+        elif not self.facts.creates_accelerator:
             return
-        for split in self._splits:
+        else:
+            why = None if self._seeded else "nothing seeds this script"
+        for split in self._splits if why else ():
             self.report(
                 split,
-                "each process seeded itself differently, so each draws its own split: one "
-                "process trains on another's eval items; give the split its own seed (the same "
-                "on every process)",
+                f"{why}, so each draws its own split: one process trains on another's eval "
+                "items; give the split its own seed (the same on every process)",
             )
+        if self._per_process:
+            return
+        a = analyse(node, self.facts.path or "<string>")
+        for drawn in drawn_for_every_step(a):
+            self.report(drawn.node, drawn_apart(a, drawn))
+        if self._seeded or self.facts.path is None:
+            return
+        drawing = drawing_functions(self.facts.path, {q for _call, q in self._bound})
+        for call, qualified in self._bound:
+            if qualified in drawing:
+                self.report(call, unseeded_draw(_code(call.func), qualified))
 
 
 def _true(value: cst.BaseExpression) -> bool:
@@ -106,3 +157,7 @@ def _per_process(value: cst.BaseExpression) -> bool:
         name = dotted_name(value) or ""
         return name.rsplit(".", 1)[-1] in RANK_NAMES
     return not isinstance(value, cst.Integer) and mentions_rank(value)
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)

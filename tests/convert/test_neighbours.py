@@ -6,16 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from accelify.rules.checks import all_rules
 from accelify.rules.checks.logger_on_every_process import LoggerOnEveryProcess
 from accelify.rules.engine import lint
 from accelify.transform.convert import convert
 from accelify.transform.loss_scaler import trains_beside
+from accelify.transform.model_runners import only_runs
 from accelify.transform.neighbours import (
     distributing_functions,
+    drawing_functions,
     fetching_imports,
     passes_through,
     process_query,
     uses_only,
+    writing_functions,
 )
 
 DOWNLOADER = """
@@ -637,3 +641,211 @@ def test_a_prepared_optimizer_handed_to_such_a_schedule_converts(tmp_path: Path)
     assert convert(source.format("adjust_learning_rate"), path=path).changed
     refused = convert(source.format("hands_on"), path=path)
     assert not refused.changed and "hands_on" in refused.manual[0].message
+
+
+RUNNERS = """
+import torch
+
+def validate(net, loader, classes):
+    net.eval()
+    for i, (x, y) in enumerate(loader):
+        out = net(x)
+    for _ in range(len(classes)):
+        pass
+    return out
+
+def count(net):
+    print(net)
+    return sum(p.numel() for p in net.parameters())
+
+def hidden(net):
+    return net(net.init_hidden())
+
+def until_end(net, x):
+    while x.sum() > 0:
+        x = net(x)
+
+def when_big(net, x):
+    if x.sum() > 0:
+        net(x)
+
+def zeroes(net):
+    for p in net.parameters():
+        p.data.zero_()
+
+def trains(net, x, optimizer):
+    net(x).sum().backward()
+    optimizer.step()
+
+def over_data(net, x):
+    for row in x.tolist():
+        net(row)
+
+def hands_on(net):
+    return net
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "runs"),
+    [("validate", True), ("count", True), ("hidden", False), ("until_end", False),
+     ("when_big", False), ("zeroes", False), ("trains", False), ("over_data", False),
+     ("hands_on", False)],
+)  # fmt: skip
+def test_a_helper_only_runs_the_model_when_the_wrapper_answers_every_use_in_lockstep(
+    tmp_path: Path, function: str, runs: bool
+) -> None:
+    """Forwards (as many on every process), eval/train, printing and counting parameters are
+    what a DDP wrapper answers as its module; a method of the module, a forward that data
+    decides, a step, or the model handed back are not."""
+    (tmp_path / "helpers.py").write_text(RUNNERS)
+    assert only_runs(_script(tmp_path), f"helpers.{function}", 0) is runs
+
+
+WRITERS = """
+import os
+import shutil
+import torch
+import matplotlib.pyplot as plt
+
+def save_checkpoint(state, is_best, filename="checkpoint.pth"):
+    torch.save(state, filename)
+    if is_best:
+        shutil.copyfile(filename, "best.pth")
+
+def plot(history, path):
+    plt.plot(history)
+    plt.savefig(path)
+
+def log(line, path):
+    with open(path, "a") as f:
+        f.write(line)
+
+def through(state):
+    save_checkpoint(state, False)
+
+def remembers(history, value, path):
+    history.append(value)
+    torch.save(history, path)
+
+def counts(path):
+    global written
+    written += 1
+    torch.save(written, path)
+
+def reads(path):
+    return open(path).read()
+
+def copies(table):
+    return table.copy()
+"""
+
+
+def test_helpers_that_write_and_keep_to_themselves_are_found(tmp_path: Path) -> None:
+    """On the main process alone such a helper does all it did on each; one that also changes
+    what it is handed, or a global, does more than write."""
+    (tmp_path / "utils.py").write_text(WRITERS)
+    names = [f"utils.{n}" for n in
+             ("save_checkpoint", "plot", "log", "through", "remembers", "counts", "reads",
+              "copies")]  # fmt: skip
+    assert writing_functions(_script(tmp_path), names) == {
+        "utils.save_checkpoint", "utils.plot", "utils.log", "utils.through"
+    }  # fmt: skip
+
+
+def test_a_write_of_a_helper_beside_goes_to_the_main_process(tmp_path: Path) -> None:
+    (tmp_path / "utils.py").write_text(WRITERS)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport utils\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n"
+        "for x in loader:\n"
+        "    optimizer.zero_grad()\n"
+        "    model(x).sum().backward()\n"
+        "    optimizer.step()\n"
+        "    utils.save_checkpoint(model.state_dict(), False)\n"
+        "    utils.remembers([], 1, 'h.pt')\n"
+    )
+    code = convert(script.read_text(), path=str(script)).code
+    assert "    if accelerator.is_main_process:\n        utils.save_checkpoint(" in code
+    assert "\n    utils.remembers([], 1, 'h.pt')\n" in code
+
+
+SPLITTER = """
+import numpy as np
+
+def split(n):
+    order = np.arange(n)
+    np.random.shuffle(order)
+    return order[: n // 2], order[n // 2 :]
+
+def seeded_split(n):
+    rng = np.random.default_rng(0)
+    return rng.permutation(n)
+
+def dataset(items):
+    def transform(x):
+        return x * np.random.random()  # per item, as it is read: augmentation
+    return [(x, transform) for x in items]
+"""
+SPLIT_SCRIPT = """import torch
+{seed}from graph.utils import split, seeded_split
+
+train_idx, test_idx = split(8)
+order = seeded_split(8)
+model = torch.nn.Linear(2, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.randn(8, 2)[train_idx], batch_size=2)
+for x in loader:
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("seed", ["", "torch.manual_seed(0)\nimport numpy\nnumpy.random.seed(0)\n"])
+def test_an_unseeded_draw_in_the_packages_own_module_is_said_where_it_is_called(
+    tmp_path: Path, seed: str
+) -> None:
+    """gae's ``from gae.utils import mask_test_edges`` in ``gae/train.py``: the module is read
+    from the folder above, and a split drawn from each process's own stream is told."""
+    package = tmp_path / "graph"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(SPLITTER)
+    script = package / "train.py"
+    script.write_text(SPLIT_SCRIPT.format(seed=seed))
+    result = convert(script.read_text(), path=str(script))
+    draws = [n for n in result.notes if "own random stream" in n.message]
+    if seed:
+        assert draws == []
+    else:
+        (note,) = draws
+        assert note.manual and note.line == 4 and "split(...)" in note.message
+        assert "graph/utils.py" in note.message
+
+
+def test_lint_flags_the_same_draw_in_a_script_that_creates_an_accelerator(tmp_path: Path) -> None:
+    """ACL216 reads the module beside as the converter does, and says the same."""
+    package = tmp_path / "graph"
+    package.mkdir()
+    (package / "utils.py").write_text(SPLITTER)
+    script = package / "train.py"
+    text = "from accelerate import Accelerator\nfrom graph.utils import split\n\n"
+    text += "accelerator = Accelerator()\ntrain_idx, test_idx = split(8)\n"
+    script.write_text(text)
+    rule = [r for r in all_rules() if r.code == "ACL216"]
+    (finding,) = lint(text, rule, path=str(script))
+    assert finding.line == 5 and "split(...) draws from each process's own" in finding.message
+    seeded = text.replace("Accelerator()\n", "Accelerator()\nset_seed(0)\n")
+    assert lint(seeded, rule, path=str(script)) == []
+
+
+def test_a_draw_in_a_function_only_defined_inside_is_not_the_helpers_own(tmp_path: Path) -> None:
+    """A dataset's per-item transform draws when an item is read (augmentation, meant to differ
+    per process); the split draws as it runs."""
+    (tmp_path / "graph.py").write_text(SPLITTER)
+    names = ["graph.split", "graph.seeded_split", "graph.dataset"]
+    assert drawing_functions(_script(tmp_path), names) == {"graph.split"}

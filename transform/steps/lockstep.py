@@ -30,6 +30,8 @@ from accelify.transform.analysis import (
     returns,
     yields,
 )
+from accelify.transform.draws import drawn_apart, drawn_for_every_step, seeded, unseeded_draw
+from accelify.transform.neighbours import drawing_functions
 from accelify.transform.patterns import (
     RANK_NAMES,
     Role,
@@ -44,7 +46,7 @@ from accelify.transform.patterns import (
 from accelify.transform.plan import Plan
 from accelify.transform.refusals import LOCKSTEP
 from accelify.transform.setup import Refused, Setup, reachable
-from accelify.transform.walk import Visitor, children, nodes, walk
+from accelify.transform.walk import Visitor, children, walk
 
 # Calls whose result every process shares: the collectives, under any of their names.
 _SHARED = frozenset(
@@ -55,7 +57,6 @@ _CLOCKS = frozenset(
     {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "datetime.datetime.now",
      "datetime.now"}
 )  # fmt: skip
-_SEEDS = frozenset({"manual_seed", "seed", "set_seed", "manual_seed_all"})
 _RANK_ATTRIBUTES = frozenset(
     {"process_index", "local_process_index", "is_main_process", "is_local_main_process"}
 )
@@ -153,7 +154,7 @@ def lockstep(plan: Plan) -> None:
     scopes = {a.scope_of[id(node)] for node in steps}
     for scope in list(scopes):
         scopes |= reachable(a, scope)
-    v = _spread(a, setup, [s for s in a.scopes if s in scopes], Values(_seeded(a), _statements(a)))
+    v = _spread(a, setup, [s for s in a.scopes if s in scopes], Values(seeded(a), _statements(a)))
     for node in steps:
         for control, test in _controls(a, node, v):
             if isinstance(control, cst.For) and _walks_loader(a, control):
@@ -165,6 +166,9 @@ def lockstep(plan: Plan) -> None:
                 raise Refused(control, LOCKSTEP, _reason(a, control, test, why))
     _refuse_schedules_apart(a, scopes, v)
     _refuse_splits_apart(plan, v)
+    _note_draws_beside(plan, v)
+    for drawn in drawn_for_every_step(a):
+        plan.needs_human(drawn.node, drawn_apart(a, drawn))
 
 
 def _refuse_splits_apart(plan: Plan, v: Values) -> None:
@@ -185,6 +189,28 @@ def _refuse_splits_apart(plan: Plan, v: Values) -> None:
                 "seed (generator=torch.Generator().manual_seed(0), random_state=0) or seed the "
                 "script, and convert again",
             )
+
+
+def _note_draws_beside(plan: Plan, v: Values) -> None:
+    """``adj_train, ... = mask_test_edges(adj)``, from a module beside the script that draws
+    from an unseeded random stream, in a script that seeds nothing: if it splits or orders the
+    data, each process builds its own (what an unseeded ``random_split`` is refused for). What
+    it draws for is not read, so this is said as a possibility."""
+    a = plan.analysis
+    if v.seeded:
+        return
+    calls = [
+        (call, name)
+        for call, scope in a.calls
+        if (scope in plan.training or scope.is_module)
+        and isinstance(a.parent(call), cst.Assign)
+        and (name := a.names.qualify(call.func)) is not None
+        and "." in name
+    ]
+    drawing = drawing_functions(a.path, {name for _call, name in calls})
+    for call, name in calls:
+        if name in drawing:
+            plan.needs_human(call, unseeded_draw(a.module.code_for_node(call.func), name))
 
 
 def _refuse_schedules_apart(a: Analysis, scopes: set[Scope], v: Values) -> None:
@@ -317,16 +343,6 @@ class _Leaves(Visitor):
 
 
 # which values differ between processes -------------------------------------------------------
-def _seeded(a: Analysis) -> bool:
-    """Whether the script seeds its random streams with a value equal on every process."""
-    for call, _scope in a.calls:
-        if callee_name(call) in _SEEDS and call.args:
-            names = {n.value for n in nodes(call, cst.Name)}
-            if not names & RANK_NAMES and "process_index" not in names:
-                return True
-    return False
-
-
 def _spread(a: Analysis, setup: Setup, scopes: list[Scope], v: Values) -> Values:
     """Names (per function, ``self.x`` per class) holding values that differ between processes,
     to a fixpoint over assignments, loops, mutations, calls and returns. After the first pass

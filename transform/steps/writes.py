@@ -386,7 +386,10 @@ def _written_by(plan: Plan, call: cst.Call) -> cst.BaseStatement | None:
 def _writes_a_file(plan: Plan, call: cst.Call) -> bool:
     """Whether ``call`` is a statement of its own that writes to disk (not ``open``)."""
     a = plan.analysis
-    if disk_writer(call, a.names) is None or not isinstance(a.parent(call), cst.Expr):
+    writer = disk_writer(call, a.names) is not None or (
+        a.names.qualify(call.func) in plan.writing_functions  # ``utils.save_checkpoint(...)``
+    )
+    if not writer or not isinstance(a.parent(call), cst.Expr):
         return False  # a write inside a bigger expression is not the line's only effect
     # ``plt.savefig(buf)``: each process fills its own buffer and reads it back
     return not any(_in_memory(a, call, arg.value) for arg in call.args)
@@ -514,15 +517,28 @@ def _main_test(test: cst.BaseExpression) -> bool:
 
 
 def _runs_model(plan: Plan, statement: cst.CSTNode) -> bool:
-    """Whether ``statement`` calls a prepared model."""
+    """Whether ``statement`` calls a prepared model, or hands it to a call (a helper that
+    samples from it): each forward of the wrapper may be a collective. Reading its weights
+    (``model.state_dict()``) is not."""
     a = plan.analysis
     setup = plan.setup
     models = set(setup.models(a))  # type: ignore[union-attr]
+
+    def prepared(expr: cst.BaseExpression, scope: Scope | None) -> bool:
+        key = key_of(expr)
+        if key is None or scope is None:
+            return False
+        return bool(origins(a, setup.scope, scope, key) & models)  # type: ignore[union-attr]
+
     for node in nodes(statement, cst.Call):
-        key = key_of(node.func)
-        if key is None and isinstance(node.func, cst.Attribute):
-            key = key_of(node.func.value)
         scope = a.scope_of.get(id(node))
-        if key is not None and scope is not None and origins(a, setup.scope, scope, key) & models:  # type: ignore[union-attr]
+        func = node.func
+        if prepared(func, scope) or any(prepared(arg.value, scope) for arg in node.args):
+            return True
+        method = isinstance(func, cst.Attribute) and func.attr.value not in _WEIGHT_READS
+        if method and prepared(func.value, scope):  # type: ignore[attr-defined]
             return True
     return False
+
+
+_WEIGHT_READS = frozenset({"state_dict", "parameters", "named_parameters", "buffers"})
