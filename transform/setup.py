@@ -32,6 +32,7 @@ from accelify.transform.analysis import (
     switched_itself,
     unwrap_moves,
 )
+from accelify.transform.draws import seeded
 from accelify.transform.flow import Point, Timeline
 from accelify.transform.patterns import (
     CLOSURE_OPTIMIZERS,
@@ -50,6 +51,7 @@ from accelify.transform.refusals import (
     BUILT_IN_LOOP,
     CLOSURE,
     HAND_PICKED_DEVICE,
+    LOCKSTEP,
     OBJECTS_NOT_FOLLOWED,
     SECOND_SETUP,
     STEP_ORDER,
@@ -984,9 +986,50 @@ def _training_nodes(a: Analysis, setup: Setup) -> list[cst.CSTNode]:
             loop.scope in setup.reach
             and any(origins(a, setup.scope, loop.scope, k) & keys for k in loop.iterables)
             and not _only_looks(a, setup, loop)
+            and not _walks_an_earlier_loader(a, setup, loop)
         ):
             nodes.append(loop.node)
     return nodes
+
+
+def _walks_an_earlier_loader(a: Analysis, setup: Setup, loop: Loop) -> bool:
+    """A loop with no backward over a loader name the setup binds again after it runs (BYOL's
+    features read through the image loader, then ``train_loader`` bound again to the features'
+    loader): it walks the earlier object, which prepare() does not wrap."""
+    if any(a.contains(loop.node, call) for call, _where, _lp in a.backward_calls):
+        return False
+    keys = {k for it in loop.iterables for k in origins(a, setup.scope, loop.scope, it)}
+    keys &= set(setup.loaders)
+    if not keys:
+        return False
+    timeline = setup.timeline
+    for key in keys:
+        builds = [b for b in a.bindings if b.scope is setup.scope and b.key == key]
+        last = max(builds, key=lambda b: a.line(b.node), default=None)
+        if last is None or len(builds) < 2:
+            return False
+        if not timeline.before(timeline.point_before(last.statement), loop.node):
+            return False
+        shuffled = [b for b in builds if b is not last and _shuffles(b.value)]
+        if shuffled and not seeded(a):
+            raise Refused(
+                loop.node,
+                LOCKSTEP,
+                f"this walks {key} (line {a.line(shuffled[0].node)}), shuffled in each "
+                f"process's own order (nothing seeds the script), before {key} is bound again "
+                f"(line {a.line(last.node)}): what the walk builds may feed the loader prepare() "
+                "shards, in a different order on each process, and accel-convert does not "
+                "follow it; seed the script (set_seed), then convert again",
+            )
+    return True
+
+
+def _shuffles(value: cst.BaseExpression | None) -> bool:
+    """``DataLoader(..., shuffle=True)`` (or any shuffle that is not ``False``)."""
+    flag = keyword_arg(value, "shuffle") if isinstance(value, cst.Call) else None
+    return flag is not None and not (
+        isinstance(flag.value, cst.Name) and flag.value.value in {"False", "None"}
+    )
 
 
 def _only_looks(a: Analysis, setup: Setup, loop: Loop) -> bool:
