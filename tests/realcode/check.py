@@ -85,6 +85,11 @@ FIRST_SIGHT_PLAIN_10 = HERE / "first_sight_plain_10.csv"
 # at d1a0ab0 (this session's converter, nothing fixed for them yet), refusals reviewed by two
 # helpers: 37 files.
 FIRST_SIGHT_PLAIN_11 = HERE / "first_sight_plain_11.csv"
+# Seventeen more (BigGAN-PyTorch, DeepLabV3Plus, simple-faster-rcnn, ddim, PyTorch-BYOL,
+# disentangling-vae, Self-Attention-GAN, leftthomas' SRGAN, pytorch-nested-unet,
+# Chinese-Text-Classification, BERT-pytorch, Informer2020, NCF, gae-pytorch, RL-Adventure; DDP:
+# vits, hifi-gan), at 21beb07 (the session's start), reviewed by two helpers: 32 files.
+FIRST_SIGHT_PLAIN_12 = HERE / "first_sight_plain_12.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -100,6 +105,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_9,
     FIRST_SIGHT_PLAIN_10,
     FIRST_SIGHT_PLAIN_11,
+    FIRST_SIGHT_PLAIN_12,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as

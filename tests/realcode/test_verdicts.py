@@ -30,6 +30,7 @@ from check import (
     FIRST_SIGHT_PLAIN_9,
     FIRST_SIGHT_PLAIN_10,
     FIRST_SIGHT_PLAIN_11,
+    FIRST_SIGHT_PLAIN_12,
     FIRST_SIGHT_PROJECTS,
     OUTCOMES,
     PROJECT_VERDICTS,
@@ -95,6 +96,7 @@ def test_every_program_reviewed_at_first_sight_has_its_verdict_now() -> None:
         (FIRST_SIGHT_PLAIN_9, 35, 17, 0),
         (FIRST_SIGHT_PLAIN_10, 37, 17, 0),
         (FIRST_SIGHT_PLAIN_11, 37, 16, 0),
+        (FIRST_SIGHT_PLAIN_12, 32, 17, 0),
     ],
 )
 def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(
