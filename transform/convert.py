@@ -368,7 +368,13 @@ def _explain_no_setup(plan: Plan) -> None:
     else:
         why = (
             f"the model and optimizer of the training step {here} come from outside this "
-            "file; convert the script that builds them"
+            "file; "
+            + (
+                "convert the script that builds them"
+                if a.path.endswith(".ipynb")
+                else "give it with the script that builds them (both paths, or their folder) "
+                "to convert them together"
+            )
         )
     if why == _GRADIENTS_ONLY:  # no training: nothing for a human to finish
         plan.info(call, f"left unchanged: {why}", NO_TRAINING)
@@ -418,6 +424,8 @@ def _explain_hidden_step(plan: Plan) -> None:
                     TRAINING_ELSEWHERE,
                 )
                 return
+    if _explain_an_agent(plan):  # ``trainer.train(...)`` of a class beside: its file is named
+        return
     # A call handed an optimizer first: open-reid's ``metric.train(model, train_loader)`` fits
     # a distance metric, ``trainer.train(epoch, train_loader, optimizer)`` below it trains.
     steps_an_optimizer = {
@@ -469,8 +477,6 @@ def _explain_hidden_step(plan: Plan) -> None:
                 TRAINING_ELSEWHERE,
             )
             return
-    if _explain_an_agent(plan):
-        return
     for call, scope in a.calls:
         if a.callee(call) is not None or callee_name(call) in READERS or not _in_loop(a, call):
             continue
@@ -597,10 +603,20 @@ def _explain_an_agent(plan: Plan) -> bool:
                 shown = f"{cls}.{trains} in {file}"
                 if trains != method:  # ``trainer.train()`` inherited from a base class
                     shown = f"{cls}.{method}, inherited; {shown} runs the backward"
+                # ``from trainer import BYOLTrainer``: project mode joins the two files
+                joined = not a.path.endswith(".ipynb") and isinstance(
+                    a.names.statements.get(cls), cst.ImportFrom
+                )
+                advice = (
+                    f"give this file with {file} (both paths, or their folder) to convert them "
+                    "together"
+                    if joined
+                    else "convert the code that trains"
+                )
                 plan.info(
                     call,
                     f"left unchanged: training runs inside {a.module.code_for_node(func)}(...) "
-                    f"({shown}), which this file does not show; convert the code that trains",
+                    f"({shown}), which this file does not show; {advice}",
                     TRAINING_ELSEWHERE,
                 )
                 return True
