@@ -7,6 +7,7 @@ the file the user wrote, and steps cannot trip over each other's rewrites.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from accelify.transform.analysis import (
     analyse,
     key_of,
     optimized_models,
+    unwrap_moves,
 )
 from accelify.transform.depth import deep_enough
 from accelify.transform.distributed import Dedistributed, dedistribute
@@ -580,7 +582,8 @@ def _explain_an_agent(plan: Plan) -> bool:
     module = a.scopes[0]
     built: dict[str, list[tuple[Scope, str]]] = {}  # name -> (scope, class it is built from)
     for b in a.bindings:
-        qualified = a.names.qualify(b.value.func) if isinstance(b.value, cst.Call) else None
+        value = unwrap_moves(b.value) if b.value is not None else None  # ``Trainer(m).cuda()``
+        qualified = a.names.qualify(value.func) if isinstance(value, cst.Call) else None
         if qualified is not None and "." in qualified:
             built.setdefault(b.key, []).append((b.scope, qualified))
     read: dict[tuple[str, str], tuple[str, str] | None] = {}
@@ -601,7 +604,9 @@ def _explain_an_agent(plan: Plan) -> bool:
                 trains, file = found
                 cls = qualified.rpartition(".")[2]
                 shown = f"{cls}.{trains} in {file}"
-                if trains != method:  # ``trainer.train()`` inherited from a base class
+                if trains != method and _defines(a.path, qualified, method):
+                    shown = f"{cls}.{method}, which runs {shown}, where the backward is"
+                elif trains != method:  # ``trainer.train()`` inherited from a base class
                     shown = f"{cls}.{method}, inherited; {shown} runs the backward"
                 # ``from trainer import BYOLTrainer``: project mode joins the two files
                 joined = not a.path.endswith(".ipynb") and isinstance(
@@ -621,6 +626,14 @@ def _explain_an_agent(plan: Plan) -> bool:
                 )
                 return True
     return False
+
+
+def _defines(path: str, qualified: str, method: str) -> bool:
+    """Whether the class ``qualified`` beside ``path`` defines ``method`` itself."""
+    found = class_beside(path, qualified)
+    return found is not None and any(
+        isinstance(node, ast.FunctionDef) and node.name == method for node in found[0].body
+    )
 
 
 def _a_models_method(a: Analysis, scope: Scope, call: cst.Call) -> bool:

@@ -69,17 +69,17 @@ def method_trains(path: str, qualified: str, method: str) -> tuple[str, str] | N
     """Where the class ``qualified`` (``sac.SAC``), in a module beside ``path``, runs a
     ``.backward()`` when ``method`` is called: (the method that runs it, the module's path
     from the script's folder), or None. ``method`` defined in the class is read
-    (``update_parameters``); one it inherits (pytorch-template's ``trainer.train()`` from
-    ``BaseTrainer``) is not, and then the class's own method with a backward is named
-    (``_train_epoch``). A package that re-exports the class from one of its modules (``from
-    .trainer import *``) is followed there."""
+    (``update_parameters``), with the methods it calls on ``self``; one it inherits
+    (pytorch-template's ``trainer.train()`` from ``BaseTrainer``) is not, and then the class's
+    own method with a backward is named (``_train_epoch``). A package that re-exports the
+    class from one of its modules (``from .trainer import *``) is followed there."""
     found = class_beside(path, qualified)
     if found is None:
         return None
     cls, file = found
     function = defined_in(cls, method, ast.FunctionDef)
     candidates = (
-        [function]
+        _through_self(cls, function)
         if function is not None
         else [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"]
     )
@@ -87,6 +87,28 @@ def method_trains(path: str, qualified: str, method: str) -> tuple[str, str] | N
         if any(callee(c) == "backward" for c in calls_in(candidate)):
             return candidate.name, file
     return None
+
+
+def _through_self(cls: ast.ClassDef, method: ast.FunctionDef) -> list[ast.FunctionDef]:
+    """``method`` and the methods of ``cls`` it calls on ``self``, theirs in turn, in the order
+    they are reached: disentangling-vae's ``Trainer.__call__`` runs ``self._train_epoch``,
+    which runs ``self._train_iteration``, where the backward is."""
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    reached, todo = [method], [method]
+    while todo:
+        for call in calls_in(todo.pop(0)):
+            func = call.func
+            if not (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "self"
+            ):
+                continue
+            found = methods.get(func.attr)
+            if found is not None and found not in reached:
+                reached.append(found)
+                todo.append(found)
+    return reached
 
 
 def module_trains(tree: ast.Module) -> bool:

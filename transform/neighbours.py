@@ -363,13 +363,17 @@ def class_beside(path: str, qualified: str) -> tuple[ast.ClassDef, str] | None:
     cls = defined_in(tree, name, ast.ClassDef)
     if cls is None and tree is not None and file.name == "__init__.py":
         for node in tree.body:
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            # ``from .trainer import *``, or the package's own ``from disvae.training import``
+            absolute = node.level == 0 and (node.module or "").split(".")[0] == module
             if (
-                isinstance(node, ast.ImportFrom)
-                and node.level == 1
+                (node.level == 1 or absolute)
                 and node.module
                 and any(alias.name in {"*", name} and alias.asname is None for alias in node.names)
             ):
-                file = module_file(folder, f"{module}.{node.module}")
+                inner = node.module if absolute else f"{module}.{node.module}"
+                file = module_file(folder, inner)
                 cls = defined_in(_parse(file), name, ast.ClassDef)
                 if cls is not None:
                     break

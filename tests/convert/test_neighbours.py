@@ -849,3 +849,29 @@ def test_a_draw_in_a_function_only_defined_inside_is_not_the_helpers_own(tmp_pat
     (tmp_path / "graph.py").write_text(SPLITTER)
     names = ["graph.split", "graph.seeded_split", "graph.dataset"]
     assert drawing_functions(_script(tmp_path), names) == {"graph.split"}
+
+
+def test_a_trainer_called_itself_moved_and_re_exported_absolutely_is_named(tmp_path: Path) -> None:
+    """disentangling-vae's ``trainer(train_loader)``: ``Trainer.__call__`` runs the backward
+    through ``self._train_epoch`` and ``self._train_iteration``, and the package's ``__init__``
+    re-exports it with its own absolute import; simple-faster-rcnn's ``Trainer(net).cuda()``
+    is the trainer too. The note names the method with the backward and says to give both
+    files to project mode."""
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "__init__.py").write_text("from vae.training import Trainer\n")
+    (tmp_path / "vae" / "training.py").write_text(
+        "class Trainer:\n"
+        "    def __call__(self, loader):\n        for x in loader:\n"
+        "            self._train_epoch(x)\n\n"
+        "    def _train_epoch(self, x):\n        self._train_iteration(x)\n\n"
+        "    def _train_iteration(self, x):\n        self.model(x).mean().backward()\n"
+        "        self.optimizer.step()\n"
+    )
+    script = "import torch\nfrom vae import Trainer\n\ntrainer = Trainer().cuda()\ntrainer([1])\n"
+    (note,) = convert(script, path=_script(tmp_path)).notes
+    assert note.line == 5 and note.info
+    assert (
+        "trainer(...) (Trainer.__call__, which runs Trainer._train_iteration in vae/training.py, "
+        "where the backward is)" in note.message
+    )
+    assert "give this file with vae/training.py" in note.message
