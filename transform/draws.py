@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accelify.transform.analysis import Analysis, Loop, Scope
+from accelify.transform.neighbours import drawing_functions
 from accelify.transform.patterns import RANK_NAMES, callee_name, dotted_name, random_stream
 from accelify.transform.walk import nodes
 
@@ -122,6 +123,27 @@ def _outer(a: Analysis, scope: Scope, key: str, steps: Collection[Loop]) -> bool
     return any(loop.scope is scope for loop in steps) and (
         sum(b.scope is scope and b.key == key for b in a.bindings) == 1
     )
+
+
+def drawn_beside(
+    a: Analysis, training: Collection[Scope] | None = None
+) -> list[tuple[cst.Call, str]]:
+    """In a script that seeds nothing, the calls bound to a name (``adj_train, ... =
+    mask_test_edges(adj)``), at module level or in ``training`` (anywhere, for None), of a
+    function beside the script that draws from an unseeded stream as it runs, with its
+    qualified name. What it draws for is not read: said as a possibility."""
+    if seeded(a):
+        return []
+    calls = [
+        (call, name)
+        for call, scope in a.calls
+        if (training is None or scope in training or scope.is_module)
+        and isinstance(a.parent(call), cst.Assign)
+        and (name := a.names.qualify(call.func)) is not None
+        and "." in name
+    ]
+    drawing = drawing_functions(a.path, {name for _call, name in calls})
+    return [(call, name) for call, name in calls if name in drawing]
 
 
 def drawn_apart(a: Analysis, drawn: Drawn) -> str:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import libcst as cst
 
 from accelify.rules.facts import RANK_NAMES, Facts, mentions_rank
-from accelify.rules.imports import ImportsRule
-from accelify.rules.rule import Invalid, Report, Severity
+from accelify.rules.rule import Invalid, Report, Rule, Severity
 from accelify.transform.analysis import analyse
-from accelify.transform.draws import drawn_apart, drawn_for_every_step, unseeded_draw
-from accelify.transform.neighbours import drawing_functions
+from accelify.transform.draws import drawn_apart, drawn_beside, drawn_for_every_step, unseeded_draw
 from accelify.transform.patterns import callee_name, dotted_name, keyword_arg, unseeded_split
 
 _SEEDS = frozenset({"set_seed", "manual_seed", "seed"})
 
 
-class DrawnApartPerProcess(ImportsRule):
+class DrawnApartPerProcess(Rule):
     """A random split, or a value every training step reads, drawn apart on each process.
 
     ## What it does
@@ -101,7 +99,6 @@ class DrawnApartPerProcess(ImportsRule):
         super().__init__(facts, reports)
         self._seeded = self._per_process = False
         self._splits: list[cst.Call] = []
-        self._bound: list[tuple[cst.Call, str]] = []  # results of imported functions
 
     def visit_Call(self, node: cst.Call) -> None:
         name = callee_name(node)
@@ -114,12 +111,6 @@ class DrawnApartPerProcess(ImportsRule):
                 self._per_process = True
         elif unseeded_split(node):
             self._splits.append(node)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if isinstance(node.value, cst.Call):
-            qualified = self.names.qualify(node.value.func)
-            if qualified is not None and "." in qualified:
-                self._bound.append((node.value, qualified))
 
     def leave_Module(self, node: cst.Module) -> None:
         if self._per_process:
@@ -139,12 +130,8 @@ class DrawnApartPerProcess(ImportsRule):
         a = analyse(node, self.facts.path or "<string>")
         for drawn in drawn_for_every_step(a):
             self.report(drawn.node, drawn_apart(a, drawn))
-        if self._seeded or self.facts.path is None:
-            return
-        drawing = drawing_functions(self.facts.path, {q for _call, q in self._bound})
-        for call, qualified in self._bound:
-            if qualified in drawing:
-                self.report(call, unseeded_draw(_code(call.func), qualified))
+        for call, qualified in drawn_beside(a):
+            self.report(call, unseeded_draw(a.module.code_for_node(call.func), qualified))
 
 
 def _true(value: cst.BaseExpression) -> bool:
@@ -157,7 +144,3 @@ def _per_process(value: cst.BaseExpression) -> bool:
         name = dotted_name(value) or ""
         return name.rsplit(".", 1)[-1] in RANK_NAMES
     return not isinstance(value, cst.Integer) and mentions_rank(value)
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)

@@ -30,8 +30,13 @@ from accelify.transform.analysis import (
     returns,
     yields,
 )
-from accelify.transform.draws import drawn_apart, drawn_for_every_step, seeded, unseeded_draw
-from accelify.transform.neighbours import drawing_functions
+from accelify.transform.draws import (
+    drawn_apart,
+    drawn_beside,
+    drawn_for_every_step,
+    seeded,
+    unseeded_draw,
+)
 from accelify.transform.patterns import (
     RANK_NAMES,
     Role,
@@ -166,7 +171,8 @@ def lockstep(plan: Plan) -> None:
                 raise Refused(control, LOCKSTEP, _reason(a, control, test, why))
     _refuse_schedules_apart(a, scopes, v)
     _refuse_splits_apart(plan, v)
-    _note_draws_beside(plan, v)
+    for call, name in drawn_beside(a, plan.training):
+        plan.needs_human(call, unseeded_draw(a.module.code_for_node(call.func), name))
     for drawn in drawn_for_every_step(a):
         plan.needs_human(drawn.node, drawn_apart(a, drawn))
 
@@ -189,28 +195,6 @@ def _refuse_splits_apart(plan: Plan, v: Values) -> None:
                 "seed (generator=torch.Generator().manual_seed(0), random_state=0) or seed the "
                 "script, and convert again",
             )
-
-
-def _note_draws_beside(plan: Plan, v: Values) -> None:
-    """``adj_train, ... = mask_test_edges(adj)``, from a module beside the script that draws
-    from an unseeded random stream, in a script that seeds nothing: if it splits or orders the
-    data, each process builds its own (what an unseeded ``random_split`` is refused for). What
-    it draws for is not read, so this is said as a possibility."""
-    a = plan.analysis
-    if v.seeded:
-        return
-    calls = [
-        (call, name)
-        for call, scope in a.calls
-        if (scope in plan.training or scope.is_module)
-        and isinstance(a.parent(call), cst.Assign)
-        and (name := a.names.qualify(call.func)) is not None
-        and "." in name
-    ]
-    drawing = drawing_functions(a.path, {name for _call, name in calls})
-    for call, name in calls:
-        if name in drawing:
-            plan.needs_human(call, unseeded_draw(a.module.code_for_node(call.func), name))
 
 
 def _refuse_schedules_apart(a: Analysis, scopes: set[Scope], v: Values) -> None:
