@@ -875,3 +875,28 @@ def test_a_trainer_called_itself_moved_and_re_exported_absolutely_is_named(tmp_p
         "where the backward is)" in note.message
     )
     assert "give this file with vae/training.py" in note.message
+
+
+def test_a_writing_helper_handed_the_prepared_model_stays_on_every_process(tmp_path: Path) -> None:
+    """It writes, but it also runs the model: each forward of the wrapper may be a collective,
+    so it cannot go to the main process alone; it is reported instead."""
+    (tmp_path / "utils.py").write_text(
+        "import torch\n\n\ndef sample_and_save(net, path):\n"
+        "    torch.save(net(torch.zeros(1, 2)), path)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport utils\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n"
+        "for x in loader:\n"
+        "    optimizer.zero_grad()\n"
+        "    model(x).sum().backward()\n"
+        "    optimizer.step()\n"
+        "    utils.sample_and_save(model, 'sample.pt')\n"
+    )
+    result = convert(script.read_text(), path=str(script))
+    assert "\n    utils.sample_and_save(model, 'sample.pt')\n" in result.code
+    (note,) = [n for n in result.notes if n.manual]
+    assert note.line == 10 and "it also runs the prepared model" in note.message
