@@ -1004,6 +1004,25 @@ def switched_itself(b: Binding) -> bool:
     )
 
 
+def handed_back(a: Analysis, b: Binding) -> bool:
+    """``optimizer = lr_decay(optimizer, epoch, ...)``: a function of the file that returns,
+    on every path, the parameter the name is handed on, never binding it again (NCRFpp's
+    ``lr_decay`` sets each group's ``lr`` and returns the optimizer): the same object again."""
+    call = b.value
+    callee = a.callee(call) if isinstance(call, cst.Call) else None
+    if callee is None or not isinstance(callee.node, cst.FunctionDef):
+        return False
+    param = next((p for p, arg in arguments(call, callee) if key_of(arg) == b.key), None)  # type: ignore[arg-type]
+    found = returns(callee)
+    return (
+        param is not None
+        and bool(found)
+        and all(r.value is not None and key_of(r.value) == param for r in found)
+        and not any(x.scope is callee and x.key == param for x in a.bindings)
+        and not yields(callee)
+    )
+
+
 def return_links(a: Analysis, give: _RoleGiver) -> Iterator[tuple[Scope, str, Scope, str]]:
     """(caller, bound name, function, returned name) for ``x = f(...)`` and ``a, b = f(...)``
     where every ``return`` of the same-file function ``f`` gives a name (or a tuple of names of

@@ -23,6 +23,7 @@ from accelify.transform.analysis import (
     arguments,
     attribute_links,
     call_links,
+    handed_back,
     key_of,
     loop_iterable,
     names_in,
@@ -405,7 +406,8 @@ def _refuse_training_forms(a: Analysis, setup: Setup) -> None:
         ):
             raise Refused(call, CLOSURE, "optimizer.step(closure): closures cannot be converted")
     for b in a.bindings:
-        if b.scope in setup.reach and b.in_loop and a.role(b.scope, b.key) is Role.OPTIMIZER:
+        optimizer = a.role(b.scope, b.key) is Role.OPTIMIZER
+        if b.scope in setup.reach and b.in_loop and optimizer and not handed_back(a, b):
             raise Refused(b.node, BUILT_IN_LOOP, f"optimizer {b.key} is created inside a loop")
     _refuse_second_backward(a, setup)
 
@@ -1139,6 +1141,9 @@ def _prepare_point(a: Analysis, setup: Setup) -> Point:
         for build in (x for x in a.bindings if x.scope is setup.scope and x.key == b.key):
             if switched_itself(build):
                 continue  # ``model = model.to("cpu")``: a move hands back the object it moved
+            if handed_back(a, build) and a.role(setup.scope, b.key) is Role.OPTIMIZER:
+                continue  # ``optimizer = lr_decay(optimizer, ...)``; a model a function
+                # returns may come back trained, which the analysis does not follow
             top = timeline.top_in(block, build.node)
             if top is None:
                 if not timeline.precedes_block(build.node, block):

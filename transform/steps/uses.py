@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Scope, key_of, name_nodes, names_in
+from accelify.transform.analysis import (
+    Analysis,
+    Scope,
+    handed_back,
+    key_of,
+    name_nodes,
+    names_in,
+)
 from accelify.transform.model_runners import only_runs
 from accelify.transform.neighbours import uses_only
 from accelify.transform.patterns import (
@@ -328,7 +335,7 @@ def _unaccounted(a: Analysis, setup: Setup, use: _Use) -> tuple[cst.CSTNode, str
     if isinstance(parent, cst.Assign) and parent.value is node:
         return _aliased(a, setup, use, parent)
     if isinstance(parent, cst.Return):
-        if _result_unused(a, use.scope):
+        if _result_unused(a, use.scope) or _handed_back_everywhere(a, use.scope):
             return None
         return parent, (
             f"{key} is returned here: whoever called {use.scope.name}() would get the prepared "
@@ -425,6 +432,15 @@ def _result_unused(a: Analysis, function: Scope) -> bool:
         if not isinstance(target, cst.Name) or len(name_nodes(where.node, target.value)) > 1:
             return False
     return bool(calls)
+
+
+def _handed_back_everywhere(a: Analysis, function: Scope) -> bool:
+    """Whether every call of ``function`` binds what it returns to the name it handed in, the
+    object it returns (``optimizer = lr_decay(optimizer, ...)``, :func:`handed_back`): the
+    caller holds the same object as before."""
+    calls = [call for call, _where in a.calls if a.callee(call) is function]
+    bound = [b for b in a.bindings if any(b.value is call for call in calls) and handed_back(a, b)]
+    return bool(calls) and len(bound) == len(calls)
 
 
 def _value_of(a: Analysis, node: cst.BaseExpression) -> cst.BaseExpression:
