@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from accelify.transform.analysis import Analysis, Loop, key_of, mentions
+from accelify.transform.analysis import Analysis, Loop, key_of, mentions, unwrap_moves
+from accelify.transform.beside_models import Idle, idle_beside
 from accelify.transform.flow import Point
 from accelify.transform.participation import (
     cut_layers,
@@ -131,9 +132,16 @@ def prepare(plan: Plan) -> None:
             "DistributedDataParallel keeps to the parameters it was given, so each process "
             "updates the new one apart from the others and the replicas part",
         )
-    if setup.partly_trained or discarded or idle or drawn or cut:
+    beside = _idle_beside(plan)
+    if setup.partly_trained or discarded or idle or drawn or cut or beside:
         _unused_parameters(
-            plan, sorted(setup.partly_trained), discarded=discarded, idle=idle, drawn=drawn, cut=cut
+            plan,
+            sorted(setup.partly_trained),
+            discarded=discarded,
+            idle=idle,
+            drawn=drawn,
+            cut=cut,
+            beside=beside,
         )
     by_rank = bool(setup.unsharded) and _reads_rank(plan.analysis)
     for node, reason, advice in setup.unsharded:
@@ -249,6 +257,7 @@ def _unused_parameters(
     idle: dict[str, cst.Attribute],
     drawn: dict[str, cst.CSTNode],
     cut: dict[str, cst.CSTNode],
+    beside: dict[str, tuple[cst.CSTNode, Idle]],
 ) -> None:
     """The optimizer trains part of a model (``encoder.fc.parameters()``), a training step
     discards some of a model's outputs (``validity, _ = D(x)``), a model's class builds a
@@ -294,6 +303,33 @@ def _unused_parameters(
             f"{model}'s class cuts a value off the graph here, so parameters that only feed it "
             f"may get no gradient: {expect} (find_unused_parameters=True)",
         )
+    for model, (node, found) in beside.items():
+        how = "reads only under an if" if found.conditional else "never reads"
+        plan.changed(
+            node,
+            f"{model}'s class builds {found.attribute} ({found.file}, line {found.line}) and "
+            f"{how}, so a step may leave its parameters without a gradient: {expect} "
+            "(find_unused_parameters=True)",
+        )
+
+
+def _idle_beside(plan: Plan) -> dict[str, tuple[cst.CSTNode, Idle]]:
+    """Models built from a class of a module beside the script that builds a parameter its
+    methods read only under an ``if``, or never (:mod:`beside_models`)."""
+    a = plan.analysis
+    setup = plan.setup
+    assert setup is not None
+    found = {}
+    for b in setup.prepared:
+        value = unwrap_moves(b.value) if b.value is not None else None
+        if b.key not in setup.models(a) or not isinstance(value, cst.Call):
+            continue
+        qualified = a.names.qualify(value.func)
+        if qualified is not None and "." in qualified:
+            idle = idle_beside(a.path, qualified)
+            if idle is not None:
+                found[b.key] = (b.node, idle)
+    return found
 
 
 def _epoch_schedulers(plan: Plan) -> None:
