@@ -558,7 +558,8 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
         )
         if not held:  # none read (``[{"params": trunk_params}]`` filled in a loop): what trains
             held = _trained_models(a, setup)
-            if len(held) != 1:
+            built = constructor_role(value, a.names) is Role.OPTIMIZER
+            if len(held) != 1 or (built and not _filled_from(a, setup, value, next(iter(held)))):
                 raise Refused(
                     b.node,
                     OBJECTS_NOT_FOLLOWED,
@@ -596,6 +597,46 @@ def _models_and_optimizers(a: Analysis, setup: Setup) -> list[str]:
                 "needs both in one place",
             )
     return [*models, *(b.key for b in optimizers)]
+
+
+def _filled_from(a: Analysis, setup: Setup, value: cst.BaseExpression | None, model: str) -> bool:
+    """Whether what an optimizer is built over names ``model`` where it is made or filled:
+    ``params += list(model.encoder.parameters())``, ``for n, p in model.named_parameters():
+    params.append(p)``. monodepth2 fills ``self.parameters_to_train`` from ``self.models[...]``
+    while the one module its step calls by name is a parameterless SSIM: that is not it."""
+    if value is None:
+        return False
+    names = {k for node in nodes(value, (cst.Name, cst.Attribute)) if (k := key_of(node))}
+    found: list[cst.CSTNode] = [value]
+    for node in nodes(a.module, (cst.Assign, cst.AugAssign, cst.Call)):
+        if isinstance(node, cst.Call):
+            func = node.func
+            if not (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in _FILLS
+                and key_of(func.value) in names
+            ):
+                continue
+            loop = a.enclosing(node, cst.For)
+            found += [node, *([loop.iter] if isinstance(loop, cst.For) else [])]
+            continue
+        targets = node.targets if isinstance(node, cst.Assign) else [node]
+        if any(key_of(t.target) in names for t in targets):
+            found.append(node.value)
+    # the names they mention, and what those are bound to, twice over: an alias of the model
+    # (``model_without_ddp = model.module``) names it too
+    seen: set[str] = set()
+    for _ in range(3):
+        keys = {k for expr in found for n in nodes(expr, (cst.Name, cst.Attribute))
+                if (k := key_of(n)) is not None} - seen  # fmt: skip
+        if any(k == model or k.startswith(f"{model}.") for k in keys):
+            return True
+        seen |= keys
+        found = [b.value for b in a.bindings if b.key in keys and b.value is not None]
+    return False
+
+
+_FILLS = frozenset({"append", "extend", "add", "insert", "update"})
 
 
 def _alias_of_a_parameter(a: Analysis, scope: Scope, key: str) -> str | None:
