@@ -420,12 +420,20 @@ def _refuse_second_backward(a: Analysis, setup: Setup) -> None:
         kept = keyword_arg(call, "retain_graph")
         if kept is None or dotted_name(kept.value) == "False":
             continue
-        first = _forwards(a, where, call.func.value, 0)  # type: ignore[attr-defined]
+        first = _forwards(a, where, call.func.value, 0, a.line(call))  # type: ignore[attr-defined]
         later = [
             c for c, w in backwards if w is where and a.line(c) > a.line(call) and c is not call
         ]
-        again = set().union(*(_forwards(a, where, c.func.value, 0) for c in later))  # type: ignore[attr-defined]
+        again = set().union(*(_forwards(a, where, c.func.value, 0, a.line(c)) for c in later))  # type: ignore[attr-defined]
         shared = {key for key, forward in first & again if a.role(where, key) is Role.MODEL}
+        # ESRGAN's discriminator: the later loss also goes through a forward made after this
+        # backward, which DDP prepared for; that backward reduces all it reaches, old graph too
+        calls = {id(c): c for c in nodes(where.node, cst.Call)}
+        shared -= {
+            key
+            for key, forward in again
+            if forward in calls and a.line(calls[forward]) > a.line(call)
+        }
         if shared:
             raise Refused(
                 call,
@@ -436,25 +444,33 @@ def _refuse_second_backward(a: Analysis, setup: Setup) -> None:
             )
 
 
-def _forwards(a: Analysis, scope: Scope, expr: cst.CSTNode, depth: int) -> set[tuple[str, int]]:
-    """The calls (``model(x)``, ``D(G(z))``: the name and the call) that what ``expr`` is
-    computed from goes through, following the scope's assignments, not past a ``.detach()``."""
+def _forwards(
+    a: Analysis, scope: Scope, expr: cst.CSTNode, depth: int, line: int
+) -> set[tuple[str, int]]:
+    """The calls (``model(x)``, ``D(G(z))``: the name and the call) that what ``expr``, read at
+    ``line``, is computed from goes through, following the scope's last assignment of each name
+    above where it is read (every assignment, for a name only bound below: a loop carries it),
+    not past a ``.detach()``. ESRGAN binds ``sr_output`` in its generator's step and again in
+    its discriminator's: each read is of its own."""
     if depth > 8 or method_call(expr, "detach") is not None:
         return set()
     found: set[tuple[str, int]] = set()
     if isinstance(expr, cst.Call) and (key := key_of(expr.func)) is not None:
         found.add((key, id(expr)))
     if isinstance(expr, cst.Name):
-        for node, where in a.assignments:
-            if (
-                where is scope
-                and isinstance(node, cst.Assign)
-                and any(expr.value in target_names(t.target) for t in node.targets)
-            ):
-                found |= _forwards(a, scope, node.value, depth + 1)
+        binds = [
+            node
+            for node, where in a.assignments
+            if where is scope
+            and isinstance(node, cst.Assign)
+            and any(expr.value in target_names(t.target) for t in node.targets)
+        ]
+        above = [node for node in binds if a.line(node) < line]
+        for node in [max(above, key=a.line)] if above else binds:
+            found |= _forwards(a, scope, node.value, depth + 1, a.line(node))
         return found
     for child in children(expr):
-        found |= _forwards(a, scope, child, depth)
+        found |= _forwards(a, scope, child, depth, line)
     return found
 
 
