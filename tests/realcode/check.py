@@ -90,6 +90,11 @@ FIRST_SIGHT_PLAIN_11 = HERE / "first_sight_plain_11.csv"
 # Chinese-Text-Classification, BERT-pytorch, Informer2020, NCF, gae-pytorch, RL-Adventure; DDP:
 # vits, hifi-gan), at 21beb07 (the session's start), reviewed by two helpers: 32 files.
 FIRST_SIGHT_PLAIN_12 = HERE / "first_sight_plain_12.csv"
+# Eighteen more (U-2-Net, stargan-v2, monodepth2, HRNet pose, deep_sort_pytorch, yolact,
+# ESRGAN-PyTorch, seq2seq, powerful-gnns, pytorch-fm, LightGCN, SASRec, NCRFpp, LSTNet,
+# Prototypical Networks; DDP: awesome-semantic-segmentation, glow-tts, tacotron2), at e641d5b
+# (after first sight 15's fixes, nothing fixed for them), reviewed by two helpers: 30 files.
+FIRST_SIGHT_PLAIN_13 = HERE / "first_sight_plain_13.csv"
 FIRST_SIGHTS = (
     FIRST_SIGHT,
     FIRST_SIGHT_LLM,
@@ -106,6 +111,7 @@ FIRST_SIGHTS = (
     FIRST_SIGHT_PLAIN_10,
     FIRST_SIGHT_PLAIN_11,
     FIRST_SIGHT_PLAIN_12,
+    FIRST_SIGHT_PLAIN_13,
 )
 # Project mode's verdicts: a script converted together with files beside it (``with``: paths
 # relative to the script's folder, or ``*`` for every Python file under it, as

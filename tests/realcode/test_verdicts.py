@@ -31,6 +31,7 @@ from check import (
     FIRST_SIGHT_PLAIN_10,
     FIRST_SIGHT_PLAIN_11,
     FIRST_SIGHT_PLAIN_12,
+    FIRST_SIGHT_PLAIN_13,
     FIRST_SIGHT_PROJECTS,
     OUTCOMES,
     PROJECT_VERDICTS,
@@ -97,6 +98,7 @@ def test_every_program_reviewed_at_first_sight_has_its_verdict_now() -> None:
         (FIRST_SIGHT_PLAIN_10, 37, 17, 0),
         (FIRST_SIGHT_PLAIN_11, 37, 16, 0),
         (FIRST_SIGHT_PLAIN_12, 32, 17, 0),
+        (FIRST_SIGHT_PLAIN_13, 30, 18, 0),
     ],
 )
 def test_first_sight_verdicts_are_recorded_and_every_fault_is_fixed(
