@@ -753,19 +753,25 @@ def test_helpers_that_write_and_keep_to_themselves_are_found(tmp_path: Path) -> 
     }  # fmt: skip
 
 
+# A script that trains one step per batch and imports ``utils`` from beside it; tests add what
+# each step does with it.
+TRAINS_WITH_UTILS = (
+    "import torch\nimport utils\n"
+    "model = torch.nn.Linear(2, 2)\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n"
+    "for x in loader:\n"
+    "    optimizer.zero_grad()\n"
+    "    model(x).sum().backward()\n"
+    "    optimizer.step()\n"
+)
+
+
 def test_a_write_of_a_helper_beside_goes_to_the_main_process(tmp_path: Path) -> None:
     (tmp_path / "utils.py").write_text(WRITERS)
     script = tmp_path / "train.py"
     script.write_text(
-        "import torch\nimport utils\n"
-        "model = torch.nn.Linear(2, 2)\n"
-        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n"
-        "for x in loader:\n"
-        "    optimizer.zero_grad()\n"
-        "    model(x).sum().backward()\n"
-        "    optimizer.step()\n"
-        "    utils.save_checkpoint(model.state_dict(), False)\n"
+        TRAINS_WITH_UTILS + "    utils.save_checkpoint(model.state_dict(), False)\n"
         "    utils.remembers([], 1, 'h.pt')\n"
     )
     code = convert(script.read_text(), path=str(script)).code
@@ -885,17 +891,7 @@ def test_a_writing_helper_handed_the_prepared_model_stays_on_every_process(tmp_p
         "    torch.save(net(torch.zeros(1, 2)), path)\n"
     )
     script = tmp_path / "train.py"
-    script.write_text(
-        "import torch\nimport utils\n"
-        "model = torch.nn.Linear(2, 2)\n"
-        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n"
-        "for x in loader:\n"
-        "    optimizer.zero_grad()\n"
-        "    model(x).sum().backward()\n"
-        "    optimizer.step()\n"
-        "    utils.sample_and_save(model, 'sample.pt')\n"
-    )
+    script.write_text(TRAINS_WITH_UTILS + "    utils.sample_and_save(model, 'sample.pt')\n")
     result = convert(script.read_text(), path=str(script))
     assert "\n    utils.sample_and_save(model, 'sample.pt')\n" in result.code
     (note,) = [n for n in result.notes if n.manual]
