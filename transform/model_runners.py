@@ -21,6 +21,7 @@ _KEPT_METHODS = frozenset({"eval", "train"})
 _SIZES = frozenset({"numel", "nelement"})
 _LOOP_HELPERS = frozenset({"enumerate", "tqdm", "zip", "range"})
 _TRAINS = frozenset({"backward", "step", "zero_grad", "no_sync"})
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
 def only_runs(path: str, qualified: str, arg: int | str) -> bool:
@@ -113,8 +114,14 @@ def _in_lockstep(
         parent = parents.get(id(node))
         if isinstance(parent, ast.If | ast.IfExp) and node is not getattr(parent, "test", None):
             return False
-        looped = isinstance(parent, ast.For | ast.comprehension) and node is not parent.iter
+        looped = isinstance(parent, ast.For) and node is not parent.iter
         if looped and not _fixed_length(parent.iter, params):  # type: ignore[union-attr]
+            return False
+        comprehension = isinstance(parent, _COMPREHENSIONS) and node not in parent.generators  # type: ignore[union-attr]
+        if comprehension and not all(
+            not g.ifs and _fixed_length(g.iter, params)
+            for g in parent.generators  # type: ignore[union-attr]
+        ):
             return False
         node = parent
     return True

@@ -683,6 +683,12 @@ def over_data(net, x):
 
 def hands_on(net):
     return net
+
+def picked(net, xs):
+    return [net(x) for x in xs if x.sum() > 0]
+
+def listed(net, xs):
+    return [net(x) for x in xs]
 """
 
 
@@ -690,7 +696,7 @@ def hands_on(net):
     ("function", "runs"),
     [("validate", True), ("count", True), ("hidden", False), ("until_end", False),
      ("when_big", False), ("zeroes", False), ("trains", False), ("over_data", False),
-     ("hands_on", False)],
+     ("hands_on", False), ("picked", False), ("listed", True)],
 )  # fmt: skip
 def test_a_helper_only_runs_the_model_when_the_wrapper_answers_every_use_in_lockstep(
     tmp_path: Path, function: str, runs: bool
