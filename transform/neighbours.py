@@ -690,12 +690,8 @@ def opened_run(path: str, qualified: str) -> str | None:
         return None
     imported = _imported(tree)  # type: ignore[arg-type]  # a class was found in it
     for call in calls_in(init):
-        dotted = _dotted(call.func)
-        if dotted is None:
-            continue
-        head, _, rest = dotted.partition(".")
-        opened = ".".join(filter(None, (imported.get(head, head), rest)))
-        if tracked_run(opened) is not None:
+        opened = _qualified(call, imported)
+        if opened and tracked_run(opened) is not None:
             return f"{name} (a {opened})"
     return None
 
