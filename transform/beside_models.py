@@ -15,14 +15,8 @@ import ast
 from dataclasses import dataclass
 
 from accelify.transform.neighbours import class_beside, defined_in
+from accelify.transform.participation import NO_PARAMETERS
 
-# torch.nn's modules without parameters: one read under an ``if`` (``if self.training: x =
-# self.dropout(x)``) leaves nothing without a gradient.
-_NO_PARAMETERS = frozenset(
-    {"ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
-     "Dropout", "Dropout2d", "Identity", "Flatten", "MaxPool1d", "MaxPool2d", "AvgPool2d",
-     "AdaptiveAvgPool2d", "Upsample"}
-)  # fmt: skip
 _BY_NAME = frozenset({"getattr", "modules", "named_modules", "children", "named_children"})
 
 
@@ -80,7 +74,7 @@ def _built(init: ast.FunctionDef) -> list[tuple[str, int]]:
             dotted.startswith(("nn.", "torch.nn."))
             and name is not None
             and name[:1].isupper()
-            and name not in _NO_PARAMETERS
+            and name not in NO_PARAMETERS  # ``if self.training: x = self.dropout(x)``
             and name not in {"ModuleList", "ModuleDict", "Sequential", "ParameterList"}
         ):
             found.append((target.attr, statement.lineno))

@@ -250,7 +250,7 @@ _LIBRARY_HEADS = frozenset(
 
 # torch.nn's modules that hold no parameters: one built and never used leaves no parameter
 # without a gradient (a tutorial's ``self.softmax = nn.LogSoftmax()`` beside a CrossEntropyLoss).
-_NO_PARAMETERS = frozenset(
+NO_PARAMETERS = frozenset(
     {
         "ReLU", "ReLU6", "LeakyReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid",
         "Tanh", "Softplus", "Softsign", "Hardtanh", "Hardswish", "Hardsigmoid", "Tanhshrink",
@@ -275,7 +275,7 @@ def _idle_in(a: Analysis, cls: str, seen: set[str]) -> cst.Attribute | None:
         if built is None:
             continue
         target, kind = built
-        parameterless = kind in _NO_PARAMETERS and kind not in a.model_classes
+        parameterless = kind in NO_PARAMETERS and kind not in a.model_classes
         if _reads(a, target.attr.value) == 0 and not parameterless:
             return target
         if kind in a.methods and (inner := _idle_in(a, kind, seen)) is not None:
