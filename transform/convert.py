@@ -7,7 +7,6 @@ the file the user wrote, and steps cannot trip over each other's rewrites.
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -601,10 +600,10 @@ def _explain_an_agent(plan: Plan) -> bool:
             if (qualified, method) not in read:
                 read[qualified, method] = method_trains(a.path, qualified, method)
             if (found := read[qualified, method]) is not None:
-                trains, file = found
+                trains, file, defined = found
                 cls = qualified.rpartition(".")[2]
                 shown = f"{cls}.{trains} in {file}"
-                if trains != method and _defines(a.path, qualified, method):
+                if trains != method and defined:
                     shown = f"{cls}.{method}, which runs {shown}, where the backward is"
                 elif trains != method:  # ``trainer.train()`` inherited from a base class
                     shown = f"{cls}.{method}, inherited; {shown} runs the backward"
@@ -626,14 +625,6 @@ def _explain_an_agent(plan: Plan) -> bool:
                 )
                 return True
     return False
-
-
-def _defines(path: str, qualified: str, method: str) -> bool:
-    """Whether the class ``qualified`` beside ``path`` defines ``method`` itself."""
-    found = class_beside(path, qualified)
-    return found is not None and any(
-        isinstance(node, ast.FunctionDef) and node.name == method for node in found[0].body
-    )
 
 
 def _a_models_method(a: Analysis, scope: Scope, call: cst.Call) -> bool:

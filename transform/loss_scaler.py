@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import NamedTuple
 
 from accelify.transform.neighbours import (
     beside,
@@ -65,10 +66,17 @@ def trains_beside(path: str, qualified: str) -> tuple[str, bool] | None:
     return module_file(Path(path).parent, module).name, module_trains(tree)
 
 
-def method_trains(path: str, qualified: str, method: str) -> tuple[str, str] | None:
+class Trains(NamedTuple):
+    """Where a class beside the script runs the backward of one of its methods."""
+
+    method: str  # the method with the ``.backward()``
+    file: str  # its module's path from the script's folder
+    defined: bool  # the method called is the class's own (not inherited)
+
+
+def method_trains(path: str, qualified: str, method: str) -> Trains | None:
     """Where the class ``qualified`` (``sac.SAC``), in a module beside ``path``, runs a
-    ``.backward()`` when ``method`` is called: (the method that runs it, the module's path
-    from the script's folder), or None. ``method`` defined in the class is read
+    ``.backward()`` when ``method`` is called, or None. ``method`` defined in the class is read
     (``update_parameters``), with the methods it calls on ``self``; one it inherits
     (pytorch-template's ``trainer.train()`` from ``BaseTrainer``) is not, and then the class's
     own method with a backward is named (``_train_epoch``). A package that re-exports the
@@ -85,7 +93,7 @@ def method_trains(path: str, qualified: str, method: str) -> tuple[str, str] | N
     )
     for candidate in candidates:
         if any(callee(c) == "backward" for c in calls_in(candidate)):
-            return candidate.name, file
+            return Trains(candidate.name, file, function is not None)
     return None
 
 
